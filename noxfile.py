@@ -1,0 +1,159 @@
+"""Sessions for the pd monorepo.
+
+``nox`` runs every default session (the README's test command); ``nox -s main`` installs pd and
+runs the main job. Each package's test session installs only that package and the pd-* packages it
+declares, so a package cannot lean on a sibling it does not depend on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ROOT / "packages"
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "pd_init",
+    "pd_sharding",
+    "pd_launch",
+    "pd_probe",
+    "pd_train",
+    "integration",
+    "slurm",
+]
+
+# Tests simulate devices on the host CPU; conftest sets XLA_FLAGS too, this covers subprocesses.
+TEST_ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+
+
+def _pd_dependencies(package: str) -> list[str]:
+    """``package`` and every pd-* package it depends on, transitively, as directory names."""
+    seen: list[str] = []
+    todo = [package]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.append(name)
+        project = tomllib.loads((PACKAGES / name / "pyproject.toml").read_text())["project"]
+        for requirement in project.get("dependencies", []):
+            match = re.match(r"(pd-[a-z]+)", requirement)
+            if match:
+                todo.append(match.group(1))
+    return seen
+
+
+def _install_local(session: nox.Session, package: str, *, extras: str = "test") -> None:
+    """Install ``package`` (with ``extras``) and its pd-* dependencies from this checkout."""
+    targets = []
+    for name in _pd_dependencies(package):
+        path = f"./packages/{name}"
+        targets.append(f"{path}[{extras}]" if name == package and extras else path)
+    session.install(*targets)
+
+
+def _package_tests(session: nox.Session, package: str) -> None:
+    _install_local(session, package)
+    module = package.replace("-", "_")
+    args = session.posargs or [f"tests/{module}"]
+    session.run("pytest", *args, env=TEST_ENV, success_codes=[0, 5])
+
+
+@nox.session
+def pd_init(session: nox.Session) -> None:
+    """pd-init's tests, with pd-init alone installed."""
+    _package_tests(session, "pd-init")
+
+
+@nox.session
+def pd_sharding(session: nox.Session) -> None:
+    """pd-sharding's tests, with pd-sharding alone installed."""
+    _package_tests(session, "pd-sharding")
+
+
+@nox.session
+def pd_launch(session: nox.Session) -> None:
+    """pd-launch's tests (no SLURM cluster needed; see the ``slurm`` session for that)."""
+    _package_tests(session, "pd-launch")
+
+
+@nox.session
+def pd_probe(session: nox.Session) -> None:
+    """pd-probe's tests, with pd-probe alone installed."""
+    _package_tests(session, "pd-probe")
+
+
+@nox.session
+def pd_train(session: nox.Session) -> None:
+    """pd-train's tests, with pd-train and the pd-* packages it declares."""
+    _package_tests(session, "pd-train")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's src/."""
+    session.install("mypy>=1.10", "types-PyYAML", *[f"./packages/{p.name}" for p in _packages()])
+    session.run("mypy", *[str(p / "src") for p in _packages()])
+
+
+def _packages() -> list[Path]:
+    return sorted(p for p in PACKAGES.iterdir() if (p / "pyproject.toml").exists())
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Build every wheel, install pd-train from the wheels into a fresh env, run the CLI."""
+    dist = Path(session.create_tmp()) / "dist"
+    dist.mkdir(parents=True, exist_ok=True)
+    for old in dist.glob("*.whl"):
+        old.unlink()
+    session.install("build>=1.2")
+    for package in _packages():
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(dist), str(package))
+    wheels = sorted(str(w) for w in dist.glob("*.whl"))
+    session.log(f"built {len(wheels)} wheels: {', '.join(Path(w).name for w in wheels)}")
+    # Installing the wheel files by path keeps the resolver from looking for pd-* on an index.
+    session.install(*wheels, "pytest>=8")
+    session.run("pd-train", "--version")
+    session.run("pd-train", "--help")
+    session.run("pytest", "tests/integration", *session.posargs, env=TEST_ENV, success_codes=[0, 5])
+
+
+@nox.session
+def slurm(session: nox.Session) -> None:
+    """Start a real single-node SLURM cluster on localhost and run the SLURM tests against it."""
+    _install_local(session, "pd-train")
+    _install_local(session, "pd-launch")
+    state = Path(os.environ.get("PD_SLURM_DIR", "/tmp/pd-slurm-test"))
+    env = {**TEST_ENV, "PD_SLURM_DIR": str(state), "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    script = str(ROOT / "scripts" / "slurm-test-cluster.sh")
+    session.run("bash", script, "start", env=env, external=True)
+    try:
+        args = session.posargs or ["tests/slurm"]
+        session.run("pytest", *args, env=env, success_codes=[0, 5])
+    finally:
+        session.run("bash", script, "stop", env=env, external=True)
+
+
+@nox.session(default=False)
+def main(session: nox.Session) -> None:
+    """Install pd and run the main job."""
+    _install_local(session, "pd-train", extras="")
+    session.run("python", "benchmarks/init_compile.py", *session.posargs)
