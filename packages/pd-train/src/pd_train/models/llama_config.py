@@ -39,7 +39,11 @@ class LlamaConfig:
 
     @property
     def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+        return (
+            self.head_dim
+            if self.head_dim is not None
+            else self.hidden_size // self.num_attention_heads
+        )
 
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         """``(d_in, d_out)`` of each decomposable kind, in canonical order."""
@@ -70,7 +74,10 @@ def llama3_8b() -> LlamaConfig:
         rms_norm_eps=1e-5,
         rope_theta=500_000.0,
         rope_scaling=RopeScaling(
-            factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
         ),
         max_position_embeddings=8192,
         tie_word_embeddings=False,
