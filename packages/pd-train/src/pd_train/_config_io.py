@@ -1,0 +1,291 @@
+"""Turning YAML into frozen attrs configs, with errors that name the field path.
+
+One cattrs converter structures every config class. It is strict: unknown keys, wrong scalar
+types (``"3"`` for an int, ``1`` for a bool), missing fields and unknown ``type`` discriminators
+are errors. All problems of one config are collected and reported together, each as
+``path: what is wrong; what is allowed`` with paths like ``pd.loss_metrics[2].coeff``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+import yaml
+from cattrs.errors import (
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+)
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config is invalid. ``problems`` holds ``(field path, message)`` pairs."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]], *, source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"invalid config{where}:"]
+        lines += [f"  {path or '<root>'}: {message}" for path, message in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class FieldValueError(ValueError):
+    """Raised by config validators: the value of ``field`` is not allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validators (attrs validators that raise FieldValueError, so errors carry the field name)
+
+
+def _check(predicate: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
+    def validate(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        if value is not None and not predicate(value):
+            msg = f"got {value!r}; must be {allowed}"
+            raise FieldValueError(attribute.name, msg)
+
+    return validate
+
+
+def positive() -> Callable[[Any, Any, Any], None]:
+    return _check(lambda v: v > 0, "> 0")
+
+
+def non_negative() -> Callable[[Any, Any, Any], None]:
+    return _check(lambda v: v >= 0, ">= 0")
+
+
+def in_range(low: float, high: float) -> Callable[[Any, Any, Any], None]:
+    return _check(lambda v: low <= v <= high, f"in [{low}, {high}]")
+
+
+def one_of(*choices: Any) -> Callable[[Any, Any, Any], None]:
+    return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
+
+
+# ---------------------------------------------------------------------------------------------
+# The converter
+
+
+def _scalar_hook(expected: type, accepted: tuple[type, ...]) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _type: Any) -> Any:
+        # bool is an int subclass in Python; a YAML `true` is never a number here.
+        if isinstance(value, bool) and expected is not bool:
+            accepted_ok = False
+        else:
+            accepted_ok = isinstance(value, accepted)
+        if not accepted_ok:
+            msg = f"got {value!r} ({type(value).__name__}); expected {expected.__name__}"
+            raise TypeError(msg)
+        return expected(value)
+
+    return structure
+
+
+def _tag_of(cls: type) -> str | None:
+    if not attrs.has(cls):
+        return None
+    field = attrs.fields_dict(cls).get("type")
+    if field is None or not isinstance(field.default, str):
+        return None
+    return field.default
+
+
+def _is_tagged_union(tp: Any) -> bool:
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return False
+    members = [m for m in typing.get_args(tp) if m is not type(None)]
+    return len(members) > 1 and all(_tag_of(m) is not None for m in members)
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(int, _scalar_hook(int, (int,)))
+    converter.register_structure_hook(float, _scalar_hook(float, (int, float)))
+    converter.register_structure_hook(bool, _scalar_hook(bool, (bool,)))
+    converter.register_structure_hook(str, _scalar_hook(str, (str,)))
+
+    def structure_tagged(value: Any, tp: Any) -> Any:
+        members = [m for m in typing.get_args(tp) if m is not type(None)]
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        by_tag = {_tag_of(m): m for m in members}
+        allowed = ", ".join(repr(t) for t in by_tag)
+        if not isinstance(value, Mapping) or "type" not in value:
+            msg = f"got {value!r}; expected a mapping with a `type` field, one of {allowed}"
+            raise TypeError(msg)
+        cls = by_tag.get(value["type"])
+        if cls is None:
+            raise FieldValueError("type", f"got {value['type']!r}; must be one of {allowed}")
+        return converter.structure(value, cls)
+
+    converter.register_structure_hook_func(_is_tagged_union, structure_tagged)
+    converter.register_unstructure_hook(Path, str)
+    converter.register_structure_hook(Path, lambda v, _: Path(_scalar_hook(str, (str,))(v, str)))
+    return converter
+
+
+converter = _make_converter()
+
+
+# ---------------------------------------------------------------------------------------------
+# Error reporting
+
+
+def _join(path: str, part: str | int) -> str:
+    if isinstance(part, int):
+        return f"{path}[{part}]"
+    return f"{path}.{part}" if path else part
+
+
+def _note_path(exc: BaseException, path: str) -> str:
+    for note in getattr(exc, "__notes__", []) or []:
+        if hasattr(note, "name"):
+            return _join(path, note.name)
+        if hasattr(note, "index"):
+            return _join(path, note.index)
+    return path
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return "required field is missing"
+    return str(exc)
+
+
+def _collect(exc: BaseException, path: str, out: list[tuple[str, str]]) -> None:
+    path = _note_path(exc, path)
+    if isinstance(exc, ForbiddenExtraKeysError):
+        allowed = ", ".join(a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
+        for key in sorted(exc.extra_fields):
+            out.append((_join(path, key), f"unknown field; allowed fields: {allowed}"))
+        return
+    if isinstance(exc, (ClassValidationError, IterableValidationError)):
+        for sub in exc.exceptions:
+            _collect(sub, path, out)
+        return
+    if isinstance(exc, FieldValueError):
+        out.append((_join(path, exc.field), exc.message))
+        return
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            _collect(sub, path, out)
+        return
+    out.append((path, _describe(exc)))
+
+
+def structure(raw: Any, cls: type[T], *, source: str | None = None) -> T:
+    """Build ``cls`` from plain data, raising one :class:`ConfigError` listing every problem."""
+    try:
+        return converter.structure(raw, cls)
+    except ConfigError:
+        raise
+    except (ClassValidationError, IterableValidationError, FieldValueError, TypeError) as exc:
+        problems: list[tuple[str, str]] = []
+        _collect(exc, "", problems)
+        raise ConfigError(problems, source=source) from None
+
+
+def unstructure(config: Any) -> Any:
+    return converter.unstructure(config)
+
+
+def to_yaml(config: Any) -> str:
+    return yaml.safe_dump(unstructure(config), sort_keys=False, default_flow_style=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and overrides
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def parse_path(dotted: str) -> list[str | int]:
+    """``"pd.loss_metrics[2].coeff"`` -> ``["pd", "loss_metrics", 2, "coeff"]``."""
+    parts: list[str | int] = []
+    pos = 0
+    for match in _PATH_PART.finditer(dotted):
+        between = dotted[pos : match.start()]
+        if between not in ("", "."):
+            break
+        parts.append(match.group(1) if match.group(1) is not None else int(match.group(2)))
+        pos = match.end()
+    if pos != len(dotted) or not parts or dotted.startswith(".") or dotted.endswith("."):
+        msg = f"malformed field path {dotted!r}; expected dotted names with [index], e.g. pd.loss_metrics[1].coeff"
+        raise ConfigError([(dotted, msg)])
+    return parts
+
+
+def parse_override(text: str) -> tuple[list[str | int], Any]:
+    """``"a.b[1].c=value"`` with the value read as a YAML scalar or flow collection."""
+    if "=" not in text:
+        msg = f"override {text!r} has no '='; expected PATH=VALUE, e.g. pd.steps=100"
+        raise ConfigError([(text, msg)])
+    dotted, value_text = text.split("=", 1)
+    try:
+        value = yaml.safe_load(value_text) if value_text.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError([(dotted, f"value {value_text!r} is not valid YAML: {exc}")]) from None
+    return parse_path(dotted.strip()), value
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with each ``PATH=VALUE`` set. New keys are allowed here and then
+    rejected, with their path, by :func:`structure` if the schema has no such field."""
+    result: dict[str, Any] = copy.deepcopy(dict(raw))
+    for text in overrides:
+        parts, value = parse_override(text)
+        node: Any = result
+        walked = ""
+        for part, following in itertools.pairwise(parts):
+            walked = _join(walked, part)
+            if isinstance(part, int):
+                if not isinstance(node, list) or part >= len(node):
+                    size = len(node) if isinstance(node, list) else "not a list"
+                    raise ConfigError([(walked, f"no such list item (length {size})")])
+                node = node[part]
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError([(walked, f"cannot set a field inside {node!r}")])
+            if node.get(part) is None:
+                node[part] = [] if isinstance(following, int) else {}
+            node = node[part]
+        last = parts[-1]
+        if isinstance(last, int):
+            if not isinstance(node, list) or last >= len(node):
+                raise ConfigError([(_join(walked, last), "no such list item")])
+            node[last] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError([(walked, f"cannot set field {last!r} inside {node!r}")])
+    return result
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([("", f"config file {str(path)!r} does not exist")])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError([("", f"not valid YAML: {exc}")], source=str(path)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([("", f"expected a mapping at the top, got {raw!r}")], source=str(path))
+    return raw
