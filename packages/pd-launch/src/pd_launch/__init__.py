@@ -1,5 +1,72 @@
-"""pd-launch."""
+"""pd-launch: SLURM job submission that never leaks the caller's allocation into a new job.
+
+Describe a job with :class:`JobSpec`, look at it with :func:`render_script`, submit it with
+:func:`submit` (``sbatch --parsable`` from a scrubbed environment), follow it with
+:func:`job_status`, :func:`wait` and :func:`cancel`. Inside a job, :func:`slurm_process` turns a
+task's SLURM step environment into ``jax.distributed`` arguments. Standard library, attrs and
+cattrs only: it runs on a login node without jax.
+"""
+
+from pd_launch._distributed import SlurmProcess, expand_hostlist, slurm_process
+from pd_launch._env import KEPT_NAMES, SCRUBBED_PREFIXES, ScrubbedEnvironment, scrub_environment
+from pd_launch._errors import (
+    JobFailedError,
+    JobSpecError,
+    JobWaitTimeoutError,
+    LaunchError,
+    SlurmNotFoundError,
+    SlurmQueryError,
+    SlurmStepError,
+    SubmissionError,
+    UnknownPartitionError,
+)
+from pd_launch._io import job_from_dict, job_to_dict, load_job
+from pd_launch._job import JobSpec, render_script, time_limit_seconds
+from pd_launch._slurm import (
+    FINAL_STATES,
+    JobStatus,
+    PreparedSubmission,
+    Submission,
+    cancel,
+    job_status,
+    prepare_submission,
+    submit,
+    wait,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "FINAL_STATES",
+    "KEPT_NAMES",
+    "SCRUBBED_PREFIXES",
+    "JobFailedError",
+    "JobSpec",
+    "JobSpecError",
+    "JobStatus",
+    "JobWaitTimeoutError",
+    "LaunchError",
+    "PreparedSubmission",
+    "ScrubbedEnvironment",
+    "SlurmNotFoundError",
+    "SlurmProcess",
+    "SlurmQueryError",
+    "SlurmStepError",
+    "Submission",
+    "SubmissionError",
+    "UnknownPartitionError",
+    "__version__",
+    "cancel",
+    "expand_hostlist",
+    "job_from_dict",
+    "job_status",
+    "job_to_dict",
+    "load_job",
+    "prepare_submission",
+    "render_script",
+    "scrub_environment",
+    "slurm_process",
+    "submit",
+    "time_limit_seconds",
+    "wait",
+]

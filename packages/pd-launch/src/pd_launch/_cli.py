@@ -1,0 +1,167 @@
+"""``pd-launch`` / ``python -m pd_launch``: submit, inspect, wait for and cancel SLURM jobs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pd_launch import __version__
+from pd_launch._errors import JobFailedError, JobWaitTimeoutError, LaunchError
+from pd_launch._io import job_from_dict, job_to_dict, load_job
+from pd_launch._slurm import JobStatus, cancel, job_status, prepare_submission, submit, wait
+
+# Command-line flag -> JobSpec field, for flags that take a value.
+_VALUE_FLAGS = {
+    "name": ("--name", str),
+    "nodes": ("--nodes", int),
+    "tasks_per_node": ("--tasks-per-node", int),
+    "cpus_per_task": ("--cpus-per-task", int),
+    "gpus_per_node": ("--gpus-per-node", int),
+    "memory": ("--mem", str),
+    "mem_per_cpu": ("--mem-per-cpu", str),
+    "time": ("--time", str),
+    "partition": ("--partition", str),
+    "account": ("--account", str),
+    "signal": ("--signal", str),
+    "output": ("--output", str),
+    "error": ("--error", str),
+    "chdir": ("--chdir", str),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pd-launch",
+        description=(
+            "Submit SLURM jobs with an environment scrubbed of the caller's SLURM_*, SBATCH_*, "
+            "SRUN_*, SALLOC_* and PMIX_* variables (SLURM_CONF kept)."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"pd-launch {__version__}")
+    commands = parser.add_subparsers(dest="action", required=True)
+
+    sub = commands.add_parser(
+        "submit",
+        help="render and submit a job",
+        description="Render a job description to an sbatch script and submit it.",
+    )
+    sub.add_argument("--job", metavar="FILE", help="job description (.json or .toml)")
+    for field, (flag, kind) in _VALUE_FLAGS.items():
+        sub.add_argument(flag, dest=field, type=kind, default=None, help=f"job field {field}")
+    sub.add_argument(
+        "--requeue", dest="requeue", action=argparse.BooleanOptionalAction, default=None
+    )
+    sub.add_argument(
+        "--env", dest="env", action="append", default=None, metavar="NAME=VALUE",
+        help="variable exported in the job (repeatable)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--directive", dest="extra_directives", action="append", default=None, metavar="OPTION",
+        help="extra sbatch option, e.g. --directive=--constraint=a100 (repeatable)",
+    )  # fmt: skip
+    sub.add_argument("--script-path", help="write the script here (a new file) and submit it")
+    sub.add_argument(
+        "--dry-run", action="store_true",
+        help="print the script and the variables that would be removed; submit nothing",
+    )  # fmt: skip
+    sub.add_argument(
+        "--wait", type=float, metavar="SECONDS",
+        help="wait this long for the job to end; exit 1 unless it ends COMPLETED",
+    )  # fmt: skip
+    sub.add_argument("command", nargs="*", help="the command each task runs (after --)")
+
+    for name, text in (
+        ("status", "print a job's state"),
+        ("cancel", "cancel a job"),
+        ("wait", "wait for a job to end; exit 1 unless it ends COMPLETED"),
+    ):
+        p = commands.add_parser(name, help=text, description=text)
+        p.add_argument("job_id")
+        if name == "wait":
+            p.add_argument("--timeout", type=float, required=True, metavar="SECONDS")
+    return parser
+
+
+def _job_from_args(args: argparse.Namespace) -> Any:
+    data: dict[str, Any] = job_to_dict(load_job(args.job)) if args.job else {}
+    for field in (*_VALUE_FLAGS, "requeue", "extra_directives"):
+        value = getattr(args, field)
+        if value is not None:
+            data[field] = value
+    if args.env:
+        env = dict(data.get("env", {}))
+        for item in args.env:
+            name, sep, value = item.partition("=")
+            if not sep:
+                msg = f"--env {item!r}: expected NAME=VALUE"
+                raise SystemExit(f"pd-launch: error: {msg}")
+            env[name] = value
+        data["env"] = env
+    if args.command:
+        data["command"] = list(args.command)
+    return job_from_dict(data, where=args.job or "job")
+
+
+def _show(status: JobStatus) -> str:
+    extra = [f"exit code {status.exit_code}" if status.exit_code else "", status.reason or ""]
+    detail = ", ".join(e for e in extra if e)
+    return f"{status.job_id} {status.state}" + (f" ({detail})" if detail else "")
+
+
+def _dry_run_report(
+    removed: tuple[str, ...], env: Mapping[str, str], job_env: Sequence[str]
+) -> str:
+    lines = ["# --dry-run: nothing submitted."]
+    if removed:
+        lines.append(f"# sbatch would run without these {len(removed)} caller variables:")
+        lines.extend(f"#   {name}" for name in removed)
+    else:
+        lines.append("# No caller variables would be removed.")
+    if "SLURM_CONF" in env:
+        lines.append("# Kept: SLURM_CONF")
+    if job_env:
+        lines.append(f"# Set by the job: {', '.join(sorted(job_env))}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.action == "submit":
+            job = _job_from_args(args)
+            if args.dry_run:
+                prepared = prepare_submission(job)
+                print(prepared.script, end="")
+                print(_dry_run_report(prepared.removed, prepared.env, list(job.env)))
+                return 0
+            submission = submit(job, script_path=args.script_path)
+            if submission.warnings:
+                print(submission.warnings, file=sys.stderr)
+            print(submission.job_id)
+            if args.wait is not None:
+                status = wait(submission.job_id, timeout=args.wait, check=False)
+                print(_show(status))
+                return 0 if status.ok else 1
+            return 0
+        if args.action == "status":
+            print(_show(job_status(args.job_id)))
+            return 0
+        if args.action == "cancel":
+            before = cancel(args.job_id)
+            print(f"{args.job_id}: cancel requested (was {before.state})")
+            return 0
+        if args.action == "wait":
+            status = wait(args.job_id, timeout=args.timeout, check=False)
+            print(_show(status))
+            return 0 if status.ok else 1
+    except (JobWaitTimeoutError, JobFailedError) as e:
+        print(f"pd-launch: {e}", file=sys.stderr)
+        return 1
+    except (LaunchError, FileExistsError) as e:
+        print(f"pd-launch: error: {e}", file=sys.stderr)
+        return 2
+    msg = f"unknown action {args.action!r}"
+    raise AssertionError(msg)

@@ -1,0 +1,350 @@
+"""The job description and its sbatch script."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal as _signal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from pd_launch._errors import JobSpecError
+
+# SLURM's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME_FORMATS = (
+    re.compile(r"(?P<m>\d+)"),
+    re.compile(r"(?P<m>\d+):(?P<s>\d{1,2})"),
+    re.compile(r"(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})"),
+    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2})"),
+    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2})"),
+    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"),
+)
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+_TIME_HELP = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED)"
+_SIGNAL = re.compile(r"(?:(?P<scope>[BR]):)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<secs>\d+))?")
+_MEMORY = re.compile(r"\d+[KMGT]?")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:,[A-Za-z0-9][A-Za-z0-9._-]*)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_UNSAFE_IN_DIRECTIVE = re.compile(r"[\s\"'\\]")
+
+# Options the description renders itself; an extra directive may not set them a second time.
+_MANAGED_OPTIONS = {
+    "--job-name": "name",
+    "-J": "name",
+    "--nodes": "nodes",
+    "-N": "nodes",
+    "--ntasks-per-node": "tasks_per_node",
+    "--cpus-per-task": "cpus_per_task",
+    "-c": "cpus_per_task",
+    "--gpus-per-node": "gpus_per_node",
+    "--mem": "memory",
+    "--mem-per-cpu": "mem_per_cpu",
+    "--time": "time",
+    "-t": "time",
+    "--partition": "partition",
+    "-p": "partition",
+    "--account": "account",
+    "-A": "account",
+    "--signal": "signal",
+    "--requeue": "requeue",
+    "--no-requeue": "requeue",
+    "--output": "output",
+    "-o": "output",
+    "--error": "error",
+    "-e": "error",
+    "--open-mode": "output/error (always append)",
+    "--chdir": "chdir",
+    "-D": "chdir",
+    "--export": "env (pd-launch controls the submission environment)",
+    "--comment": "none (pd-launch tags each submission with a comment to find it again)",
+}
+
+
+def time_limit_seconds(time: str) -> int | None:
+    """Seconds in a SLURM time limit string; None for UNLIMITED/INFINITE.
+
+    Raises:
+        JobSpecError: ``time`` is not one of SLURM's formats, has a field out of range (seconds
+            or minutes after hours >= 60, hours after days >= 24) or is zero.
+    """
+    if time.upper() in _UNLIMITED:
+        return None
+    for pattern in _TIME_FORMATS:
+        match = pattern.fullmatch(time)
+        if match is None:
+            continue
+        parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+        days, hours = parts.get("d", 0), parts.get("h", 0)
+        minutes, seconds = parts.get("m", 0), parts.get("s", 0)
+        if "s" in parts and seconds >= 60:
+            msg = f"time={time!r}: seconds must be below 60 (formats: {_TIME_HELP})"
+            raise JobSpecError(msg)
+        if "h" in parts and "m" in parts and minutes >= 60:
+            msg = f"time={time!r}: minutes after hours must be below 60 (formats: {_TIME_HELP})"
+            raise JobSpecError(msg)
+        if "d" in parts and hours >= 24:
+            msg = f"time={time!r}: hours after days must be below 24 (formats: {_TIME_HELP})"
+            raise JobSpecError(msg)
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        if total == 0:
+            # SLURM reads a zero limit as "no limit"; say so explicitly instead.
+            msg = f"time={time!r} is zero; give a positive limit or 'UNLIMITED'"
+            raise JobSpecError(msg)
+        return total
+    msg = f"time={time!r} is not a SLURM time limit; use one of {_TIME_HELP}"
+    raise JobSpecError(msg)
+
+
+def _check_time(_instance: Any, _attribute: Any, value: str) -> None:
+    time_limit_seconds(value)
+
+
+def _check_signal(_instance: Any, _attribute: Any, value: str | None) -> None:
+    if value is None:
+        return
+    match = _SIGNAL.fullmatch(value)
+    if match is None:
+        msg = (
+            f"signal={value!r} is not a SLURM --signal value; use [B:|R:]SIG[@SECONDS], "
+            "e.g. 'TERM@300' (SIGTERM 300 s before the time limit) or 'B:USR1@60'"
+        )
+        raise JobSpecError(msg)
+    sig = match["sig"]
+    if sig.isdigit():
+        known = int(sig) in {s.value for s in _signal.Signals}
+    else:
+        name = sig.upper() if sig.upper().startswith("SIG") else f"SIG{sig.upper()}"
+        known = name in _signal.Signals.__members__
+    if not known:
+        msg = f"signal={value!r}: {sig!r} is not a signal name or number (e.g. TERM, USR1, 15)"
+        raise JobSpecError(msg)
+    if match["secs"] is not None and int(match["secs"]) > 65535:
+        msg = f"signal={value!r}: SLURM allows at most 65535 seconds before the limit"
+        raise JobSpecError(msg)
+
+
+def _positive(_instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{attribute.name}={value!r} must be a positive integer"
+        raise JobSpecError(msg)
+
+
+def _non_negative(_instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        msg = f"{attribute.name}={value!r} must be an integer >= 0"
+        raise JobSpecError(msg)
+
+
+def _matches(pattern: re.Pattern[str], allowed: str) -> Any:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+        if value is None:
+            return
+        if not isinstance(value, str) or pattern.fullmatch(value) is None:
+            msg = f"{attribute.name}={value!r} is not allowed; expected {allowed}"
+            raise JobSpecError(msg)
+
+    return check
+
+
+def _check_path(_instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or _UNSAFE_IN_DIRECTIVE.search(value):
+        msg = (
+            f"{attribute.name}={value!r} must be a non-empty path without whitespace, quotes or "
+            "backslashes (it goes into an #SBATCH line); SLURM patterns like %j are fine"
+        )
+        raise JobSpecError(msg)
+
+
+def _check_command(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> None:
+    if not value or not value[0]:
+        msg = f"command={value!r} must name a program: a non-empty list like ['python', 'x.py']"
+        raise JobSpecError(msg)
+    for i, arg in enumerate(value):
+        if not isinstance(arg, str) or "\0" in arg:
+            msg = f"command[{i}]={arg!r} must be a string without NUL bytes"
+            raise JobSpecError(msg)
+
+
+def _check_env(_instance: Any, _attribute: Any, value: Mapping[str, str]) -> None:
+    for name, val in value.items():
+        if not isinstance(name, str) or _ENV_NAME.fullmatch(name) is None:
+            msg = f"env key {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            raise JobSpecError(msg)
+        if not isinstance(val, str) or "\0" in val:
+            msg = f"env[{name!r}]={val!r} must be a string without NUL bytes"
+            raise JobSpecError(msg)
+
+
+def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> None:
+    for i, item in enumerate(value):
+        if (
+            not isinstance(item, str)
+            or not item.startswith("-")
+            or _UNSAFE_IN_DIRECTIVE.search(item)
+        ):
+            msg = (
+                f"extra_directives[{i}]={item!r} must be one sbatch option like "
+                "'--constraint=a100' (no whitespace or quotes)"
+            )
+            raise JobSpecError(msg)
+        option = item.split("=", 1)[0]
+        if not option.startswith("--"):
+            option = option[:2]
+        if option in _MANAGED_OPTIONS:
+            msg = (
+                f"extra_directives[{i}]={item!r} sets {option}, which the job description owns; "
+                f"use the field {_MANAGED_OPTIONS[option]!r} instead"
+            )
+            raise JobSpecError(msg)
+
+
+def _freeze_env(value: Mapping[str, str]) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        msg = f"env={value!r} must be a mapping of variable name to string value"
+        raise JobSpecError(msg)
+    return MappingProxyType(dict(value))
+
+
+def _to_tuple(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        # A bare string would otherwise become a tuple of characters.
+        msg = f"expected a list of strings, got the string {value!r}; split it into arguments"
+        raise JobSpecError(msg)
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class JobSpec:
+    """What to run under SLURM, rendered by :func:`render_script` into an sbatch script.
+
+    Every task runs ``command`` under ``srun``; there are ``nodes * tasks_per_node`` tasks.
+    Values are checked on construction, before anything talks to SLURM.
+
+    Attributes:
+        name: job name (``--job-name``).
+        command: the program and arguments each task runs, e.g. ``("pd-train", "run", "c.yaml")``.
+        nodes: number of nodes.
+        tasks_per_node: tasks (processes) per node; None leaves it to SLURM, which starts one
+            task per node unless the submission environment says otherwise.
+        cpus_per_task: CPUs per task; also passed to ``srun`` (SLURM >= 22.05 no longer
+            hands the job's value to srun by itself).
+        gpus_per_node: GPUs per node; 0 requests none.
+        memory: memory per node (``--mem``), e.g. ``"64G"``, ``"500M"``, ``"0"`` (all of it).
+        mem_per_cpu: memory per CPU (``--mem-per-cpu``); exclusive with ``memory``.
+        time: time limit in a SLURM format (``"30"``, ``"2:00:00"``, ``"1-12"``, ...).
+        partition: partition name (or a comma-separated list); None uses the cluster default.
+        account: account to charge.
+        signal: ``--signal`` value, e.g. ``"TERM@300"`` so tasks get SIGTERM 300 s before the
+            time limit.
+        requeue: whether SLURM may requeue the job (rendered either way, never left to the
+            cluster's default).
+        output: stdout path (SLURM patterns like ``%j`` allowed); opened in append mode.
+        error: stderr path; None sends stderr to ``output``.
+        chdir: working directory of the job; None is the directory sbatch is run from.
+        env: variables exported in the script before ``srun`` (and kept in the submission
+            environment even when their names look like SLURM's).
+        extra_directives: more sbatch options, one per ``#SBATCH`` line, e.g.
+            ``("--constraint=a100", "--qos=high")``; options the fields above own are refused.
+    """
+
+    name: str = attrs.field(validator=_matches(_NAME, "letters, digits, '.', '_', '-'"))
+    command: tuple[str, ...] = attrs.field(converter=_to_tuple, validator=_check_command)
+    nodes: int = attrs.field(default=1, validator=_positive)
+    tasks_per_node: int | None = attrs.field(default=1, validator=_positive)
+    cpus_per_task: int | None = attrs.field(default=None, validator=_positive)
+    gpus_per_node: int = attrs.field(default=0, validator=_non_negative)
+    memory: str | None = attrs.field(
+        default=None, validator=_matches(_MEMORY, "an integer with optional unit K/M/G/T")
+    )
+    mem_per_cpu: str | None = attrs.field(
+        default=None, validator=_matches(_MEMORY, "an integer with optional unit K/M/G/T")
+    )
+    time: str = attrs.field(default="30", validator=_check_time)
+    partition: str | None = attrs.field(
+        default=None, validator=_matches(_WORD, "a partition name or comma-separated names")
+    )
+    account: str | None = attrs.field(
+        default=None, validator=_matches(_NAME, "letters, digits, '.', '_', '-'")
+    )
+    signal: str | None = attrs.field(default=None, validator=_check_signal)
+    requeue: bool = False
+    output: str | None = attrs.field(default=None, validator=_check_path)
+    error: str | None = attrs.field(default=None, validator=_check_path)
+    chdir: str | None = attrs.field(default=None, validator=_check_path)
+    env: Mapping[str, str] = attrs.field(
+        factory=dict, converter=_freeze_env, validator=_check_env, hash=False
+    )
+    extra_directives: tuple[str, ...] = attrs.field(
+        default=(), converter=_to_tuple, validator=_check_extra
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.memory is not None and self.mem_per_cpu is not None:
+            msg = (
+                f"memory={self.memory!r} and mem_per_cpu={self.mem_per_cpu!r} are both set; "
+                "SLURM allows only one of --mem and --mem-per-cpu"
+            )
+            raise JobSpecError(msg)
+
+    @property
+    def num_tasks(self) -> int | None:
+        """Total tasks, ``nodes * tasks_per_node``; None when SLURM decides."""
+        return None if self.tasks_per_node is None else self.nodes * self.tasks_per_node
+
+    @property
+    def time_seconds(self) -> int | None:
+        """The time limit in seconds; None for UNLIMITED."""
+        return time_limit_seconds(self.time)
+
+
+def render_script(job: JobSpec) -> str:
+    """The sbatch script for ``job``: ``#SBATCH`` directives, exports, then ``exec srun``.
+
+    The text depends only on ``job`` (no dates, hosts or user names), so it can be compared,
+    stored next to a run and tested.
+    """
+    directives = [f"--job-name={job.name}", f"--nodes={job.nodes}"]
+    if job.tasks_per_node is not None:
+        directives.append(f"--ntasks-per-node={job.tasks_per_node}")
+    if job.cpus_per_task is not None:
+        directives.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.gpus_per_node:
+        directives.append(f"--gpus-per-node={job.gpus_per_node}")
+    if job.memory is not None:
+        directives.append(f"--mem={job.memory}")
+    if job.mem_per_cpu is not None:
+        directives.append(f"--mem-per-cpu={job.mem_per_cpu}")
+    directives.append(f"--time={job.time}")
+    if job.partition is not None:
+        directives.append(f"--partition={job.partition}")
+    if job.account is not None:
+        directives.append(f"--account={job.account}")
+    if job.signal is not None:
+        directives.append(f"--signal={job.signal}")
+    directives.append("--requeue" if job.requeue else "--no-requeue")
+    if job.output is not None:
+        directives.append(f"--output={job.output}")
+    if job.error is not None:
+        directives.append(f"--error={job.error}")
+    # Append so a requeued or restarted job keeps the earlier attempt's log.
+    directives.append("--open-mode=append")
+    if job.chdir is not None:
+        directives.append(f"--chdir={job.chdir}")
+    directives.extend(job.extra_directives)
+
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if job.cpus_per_task is not None:
+        srun.append(f"--cpus-per-task={job.cpus_per_task}")
+
+    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "", "set -eu"]
+    lines.extend(f"export {name}={shlex.quote(value)}" for name, value in sorted(job.env.items()))
+    lines.append(f"exec {shlex.join(srun)} {shlex.join(job.command)}")
+    return "\n".join(lines) + "\n"
