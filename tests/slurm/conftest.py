@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"no SLURM test cluster: {problem}")
     for item in mine:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftover_test_jobs() -> Iterator[None]:
+    """After each test, cancel its jobs (named pdt-*) that a failure left queued or running."""
+    yield
+    if shutil.which("squeue") is None or shutil.which("scancel") is None:
+        return
+    listed = subprocess.run(
+        ["squeue", "--noheader", "--format=%i|%j"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    leftovers = [
+        line.split("|", 1)[0]
+        for line in listed.stdout.splitlines()
+        if line.split("|", 1)[-1].startswith("pdt-")
+    ]
+    if leftovers:
+        subprocess.run(["scancel", *leftovers], capture_output=True, timeout=30, check=False)

@@ -214,14 +214,14 @@ def submit(
                 stdin=None if path is not None else prepared.script,
             )
         except subprocess.TimeoutExpired as e:
-            cleanup = _settle_by_token(token, prepared.env) or "no job was created"
+            cleanup = _settle_by_token(token, job.name, prepared.env) or "no job was created"
             msg = f"sbatch did not answer within {timeout} s for job {job.name!r}; {cleanup}"
             raise SubmissionError(msg) from e
         stderr = result.stderr.strip()
         if result.returncode != 0:
             msg = f"sbatch rejected job {job.name!r} (exit {result.returncode}): {stderr}"
             # Some rejections still leave a record (22.05: FAILED, reason BadConstraints).
-            cleanup = _settle_by_token(token, prepared.env)
+            cleanup = _settle_by_token(token, job.name, prepared.env)
             if cleanup:
                 msg = f"{msg}\n({cleanup})"
             error = (
@@ -231,7 +231,7 @@ def submit(
         lines = [line for line in result.stdout.splitlines() if line.strip()]
         job_id, _, cluster = (lines[-1].strip() if lines else "").partition(";")
         if not job_id.isdigit():
-            cleanup = _settle_by_token(token, prepared.env) or "no job was created"
+            cleanup = _settle_by_token(token, job.name, prepared.env) or "no job was created"
             msg = (
                 f"sbatch exited 0 for job {job.name!r} without a job id "
                 f"(stdout {result.stdout!r}, stderr {stderr!r}); {cleanup}"
@@ -251,7 +251,7 @@ def submit(
     )
 
 
-def _settle_by_token(token: str, env: Mapping[str, str]) -> str:
+def _settle_by_token(token: str, name: str, env: Mapping[str, str]) -> str:
     """Cancel any job carrying ``token`` as its comment that could still run; say what it found.
 
     Returns "" when SLURM holds no such job.
@@ -314,7 +314,6 @@ def _from_squeue(job_id: str, env: Mapping[str, str], timeout: float) -> JobStat
         raise SlurmQueryError(msg)
     for line in result.stdout.splitlines():
         fields = [f.strip() for f in line.split("|")]
-        # A job id like 12_3 (array) or 12+0 (het) starts with the id we asked for.
         if len(fields) >= 4 and fields[0] == job_id:
             return JobStatus(
                 job_id=job_id,
