@@ -26,8 +26,8 @@ def opt_state_shardings(
     sharding (Adam's ``mu``/``nu`` under chain, multi_transform, inject_hyperparams, masked
     states all nest the params tree that way; the longest matching path wins). Any other leaf of
     size 1 (step counts, injected hyperparameters) is replicated on ``mesh`` (default: the mesh
-    of the first parameter sharding). Any other leaf is an error: pass it a rule by wrapping
-    ``init`` or extend the params.
+    of the first parameter sharding). Any other leaf (e.g. a factored second moment) is an
+    error naming its path: such state needs shardings built by hand.
 
     ``params``: arrays or ShapeDtypeStructs; ``param_shardings``: the same tree of shardings.
     Returns a tree of the state's structure with a sharding at every leaf.
