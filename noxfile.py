@@ -142,7 +142,13 @@ def slurm(session: nox.Session) -> None:
     _install_local(session, "pd-train")
     _install_local(session, "pd-launch")
     state = Path(os.environ.get("PD_SLURM_DIR", "/tmp/pd-slurm-test"))
-    env = {**TEST_ENV, "PD_SLURM_DIR": str(state), "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    env = {
+        **TEST_ENV,
+        "PD_SLURM_DIR": str(state),
+        "SLURM_CONF": str(state / "etc" / "slurm.conf"),
+        # Without a cluster the SLURM tests skip; here that must fail the session instead.
+        "PD_SLURM_REQUIRED": "1",
+    }
     script = str(ROOT / "scripts" / "slurm-test-cluster.sh")
     session.run("bash", script, "start", env=env, external=True)
     try:
