@@ -10,6 +10,7 @@ import pytest
 from pd_train._config_io import (
     ConfigError,
     apply_overrides,
+    load_yaml,
     non_negative,
     parse_path,
     structure,
@@ -120,3 +121,13 @@ def test_override_of_missing_list_item_fails() -> None:
 def test_malformed_paths_are_rejected(bad: str) -> None:
     with pytest.raises(ConfigError, match="malformed field path"):
         parse_path(bad)
+
+
+def test_yaml_reads_exponent_floats_without_a_dot() -> None:
+    assert load_yaml("a: 1e-5\nb: 2E+3\nc: 1.5\nd: 7\ne: '1e-5'") == {
+        "a": 1e-5,
+        "b": 2000.0,
+        "c": 1.5,
+        "d": 7,
+        "e": "1e-5",
+    }

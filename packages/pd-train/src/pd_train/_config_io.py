@@ -213,6 +213,29 @@ def to_yaml(config: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # Files and overrides
 
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1's float pattern needs a dot (``1e-5`` would be a string); accept 1.2 floats."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
@@ -239,7 +262,7 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
         raise ConfigError([(text, msg)])
     dotted, value_text = text.split("=", 1)
     try:
-        value = yaml.safe_load(value_text) if value_text.strip() else ""
+        value = load_yaml(value_text) if value_text.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError([(dotted, f"value {value_text!r} is not valid YAML: {exc}")]) from None
     return parse_path(dotted.strip()), value
@@ -283,7 +306,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([("", f"config file {str(path)!r} does not exist")])
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError([("", f"not valid YAML: {exc}")], source=str(path)) from None
     if not isinstance(raw, dict):
