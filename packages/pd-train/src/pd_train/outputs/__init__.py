@@ -1,0 +1,38 @@
+"""What a run leaves behind and shows: ``metrics.jsonl``, the progress bar, plots, the summary.
+
+No jax import: values from the step are converted with ``numpy.asarray``.
+"""
+
+from pd_train.outputs._metrics import (
+    METRICS_FILE,
+    MetricsError,
+    MetricsLog,
+    read_metrics,
+    to_json_value,
+)
+from pd_train.outputs._plots import (
+    plot_ci_histograms,
+    plot_eval_curves,
+    plot_l0,
+    plot_loss_curves,
+    write_plots,
+)
+from pd_train.outputs._progress import DEFAULT_KEYS, Progress, format_metrics
+from pd_train.outputs._summary import render_summary
+
+__all__ = [
+    "DEFAULT_KEYS",
+    "METRICS_FILE",
+    "MetricsError",
+    "MetricsLog",
+    "Progress",
+    "format_metrics",
+    "plot_ci_histograms",
+    "plot_eval_curves",
+    "plot_l0",
+    "plot_loss_curves",
+    "read_metrics",
+    "render_summary",
+    "to_json_value",
+    "write_plots",
+]
