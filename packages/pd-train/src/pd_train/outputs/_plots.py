@@ -59,9 +59,12 @@ def _save(fig: Figure, path: Path) -> Path:
     """Write through a temp file so a killed run never leaves a truncated PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
