@@ -1,0 +1,226 @@
+"""What the train step needs from a config: plain frozen attrs classes, no I/O.
+
+YAML loading, ``--set`` overrides and whole-config validation live elsewhere (one cattrs
+converter, ``pd_train._config_io``); unions here are discriminated by a ``type`` field so that
+converter can structure them. The checks the step itself relies on (patterns, chunk sizes) are
+functions in :mod:`pd_train.decomposition` and :func:`check_pd_config`, raising
+:class:`~pd_train._config_io.ConfigError` with field paths like ``pd.loss_metrics[1].coeff``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from pd_train._config_io import ConfigError, in_range, non_negative, one_of, positive
+
+__all__ = [
+    "MLPCI",
+    "CIConfig",
+    "ChunkwiseSubsetRecon",
+    "ConfigError",
+    "DecompositionTarget",
+    "Faithfulness",
+    "FaithfulnessWarmup",
+    "ImportanceMinimality",
+    "LossMetric",
+    "OptimizerConfig",
+    "PDConfig",
+    "ReconConfig",
+    "RematConfig",
+    "RuntimeConfig",
+    "SharedMLPCI",
+    "StochasticRecon",
+    "check_pd_config",
+]
+
+
+def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:  # type: ignore[type-arg]
+    from pd_train._config_io import FieldValueError
+
+    if not all(isinstance(v, int) and v > 0 for v in value):
+        msg = f"got {value!r}; must be a list of positive ints"
+        raise FieldValueError(attribute.name, msg)
+
+
+@attrs.frozen(kw_only=True)
+class DecompositionTarget:
+    """Sites whose names match ``module_pattern`` (fnmatch, with ``[]`` classes, e.g.
+    ``layers.2[4-9].self_attn.*``) are decomposed into ``C`` rank-1 components each."""
+
+    module_pattern: str
+    C: int = attrs.field(validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class MLPCI:
+    """Per site and component, a scalar MLP 1 -> hidden_dims -> 1 (GELU) on (x@V)_c."""
+
+    type: Literal["mlp"] = "mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+
+
+@attrs.frozen(kw_only=True)
+class SharedMLPCI:
+    """Per site, one MLP d_in -> hidden_dims -> C (GELU) on the site's input x."""
+
+    type: Literal["shared_mlp"] = "shared_mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(256,), validator=_positive_ints)
+
+
+CIConfig = MLPCI | SharedMLPCI
+
+
+@attrs.frozen(kw_only=True)
+class Faithfulness:
+    """Σ_sites ‖W − V@U‖² / Σ_sites numel(W)."""
+
+    type: Literal["faithfulness"] = "faithfulness"
+    coeff: float = attrs.field(validator=non_negative())
+
+
+@attrs.frozen(kw_only=True)
+class ImportanceMinimality:
+    """Σ_sites Σ_c f_c + frequency_coeff · Σ f_c·log2(1 + reference_token_count·f_c), with
+    f_c = mean over the global batch of (ci_upper + eps)^p. p goes linearly from
+    ``pnorm_start`` to ``pnorm_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
+    ``pd.steps``."""
+
+    type: Literal["importance_minimality"] = "importance_minimality"
+    coeff: float = attrs.field(validator=non_negative())
+    pnorm_start: float = attrs.field(default=2.0, validator=positive())
+    pnorm_end: float = attrs.field(default=2.0, validator=positive())
+    anneal_start_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    anneal_end_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
+    eps: float = attrs.field(default=1e-12, validator=non_negative())
+    frequency_coeff: float = attrs.field(default=0.0, validator=non_negative())
+    reference_token_count: int = attrs.field(default=65_536, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class StochasticRecon:
+    """KL(clean ‖ masked) on final logits with every site live, mean over n_samples draws."""
+
+    type: Literal["stochastic_recon"] = "stochastic_recon"
+    coeff: float = attrs.field(validator=non_negative())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class ChunkwiseSubsetRecon:
+    """Sites in canonical order grouped into chunks of ``sites_per_chunk``; per chunk and draw,
+    k ~ U{1..n_live} and each position routes a random k-subset of the chunk's sites."""
+
+    type: Literal["chunkwise_subset_recon"] = "chunkwise_subset_recon"
+    coeff: float = attrs.field(validator=non_negative())
+    sites_per_chunk: int = attrs.field(validator=positive())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+LossMetric = Faithfulness | ImportanceMinimality | StochasticRecon | ChunkwiseSubsetRecon
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerConfig:
+    """AdamW with a cosine schedule: linear warmup over ``warmup_steps`` to ``lr``, then cosine
+    to ``final_val_frac·lr`` over ``decay_steps`` (default: the steps after warmup), with the
+    final value reached at decay step ``decay_steps − 1``. ``clip`` is the max global grad norm
+    (None: no clipping)."""
+
+    lr: float = attrs.field(validator=positive())
+    warmup_steps: int = attrs.field(default=0, validator=non_negative())
+    final_val_frac: float = attrs.field(default=1.0, validator=non_negative())
+    decay_steps: int | None = attrs.field(default=None, validator=positive())
+    weight_decay: float = attrs.field(default=0.0, validator=non_negative())
+    clip: float | None = attrs.field(default=None, validator=positive())
+    b1: float = attrs.field(default=0.9, validator=in_range(0.0, 1.0))
+    b2: float = attrs.field(default=0.999, validator=in_range(0.0, 1.0))
+    eps: float = attrs.field(default=1e-8, validator=non_negative())
+
+
+@attrs.frozen(kw_only=True)
+class FaithfulnessWarmup:
+    """Before step 0: ``steps`` Adam steps on faithfulness alone at a constant ``lr``."""
+
+    steps: int = attrs.field(default=0, validator=non_negative())
+    lr: float = attrs.field(default=1e-3, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class ReconConfig:
+    """How recon forwards loop: ``scan`` compiles one body, ``unroll`` a Python loop (A/B)."""
+
+    chunk_loop: Literal["scan", "unroll"] = attrs.field(
+        default="scan", validator=one_of("scan", "unroll")
+    )
+    layer_loop: Literal["scan", "unroll"] = attrs.field(
+        default="scan", validator=one_of("scan", "unroll")
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PDConfig:
+    """The decomposition and its training, as the step sees it."""
+
+    steps: int = attrs.field(validator=positive())
+    batch_size: int = attrs.field(default=8, validator=positive())
+    decomposition_targets: tuple[DecompositionTarget, ...]
+    ci: CIConfig = attrs.field(factory=MLPCI)
+    loss_metrics: tuple[LossMetric, ...]
+    sampling: Literal["continuous", "binomial"] = attrs.field(
+        default="continuous", validator=one_of("continuous", "binomial")
+    )
+    recon: ReconConfig = attrs.field(factory=ReconConfig)
+    components: OptimizerConfig
+    ci_fn: OptimizerConfig
+    faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
+    l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+
+
+@attrs.frozen(kw_only=True)
+class RematConfig:
+    """Rematerialize (recompute in the backward) each layer of the recon forwards, and the CI
+    function."""
+
+    recon: bool = False
+    ci_fn: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeConfig:
+    """Runtime bits the step reads. Masters stay fp32; ``compute_dtype`` is what activations,
+    the target weights and cast V/U use in the forwards (reductions always fp32)."""
+
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
+        default="float32", validator=one_of("float32", "bfloat16", "float16")
+    )
+    remat: RematConfig = attrs.field(factory=RematConfig)
+
+
+def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
+    """Checks the step relies on beyond single fields: a known loss list without duplicates,
+    a coherent p-annealing window, decay settings. Raises ConfigError naming the field path."""
+    problems: list[tuple[str, str]] = []
+    if not pd.decomposition_targets:
+        problems.append((f"{path}.decomposition_targets", "is empty; list at least one target"))
+    seen: dict[str, int] = {}
+    for i, term in enumerate(pd.loss_metrics):
+        where = f"{path}.loss_metrics[{i}]"
+        if term.type in seen:
+            msg = (
+                f"type {term.type!r} appears twice (also at {path}.loss_metrics[{seen[term.type]}]);"
+                " each loss type may appear once"
+            )
+            problems.append((f"{where}.type", msg))
+        seen.setdefault(term.type, i)
+        if isinstance(term, ImportanceMinimality) and term.anneal_end_frac < term.anneal_start_frac:
+            msg = (
+                f"got {term.anneal_end_frac}, below anneal_start_frac {term.anneal_start_frac};"
+                " must be >= anneal_start_frac"
+            )
+            problems.append((f"{where}.anneal_end_frac", msg))
+    if not pd.loss_metrics:
+        problems.append((f"{path}.loss_metrics", "is empty; list at least one loss term"))
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,38 @@
+"""Random sources and the masks they make.
+
+A source r has C + 1 channels per position: r[..., :C] mixes into the component mask, the last
+channel is the delta mask δ. ``continuous``: r ~ U[0, 1); ``binomial``: r ∈ {0, 1} with
+probability 1/2 each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["masks", "sample_source"]
+
+Sampling = Literal["continuous", "binomial"]
+
+
+def sample_source(
+    sampling: Sampling | str, shape: tuple[int, ...], *, key: jax.Array, dtype: Any = jnp.float32
+) -> jax.Array:
+    """A source of ``shape`` ([..., C + 1]) in ``dtype``."""
+    if sampling == "continuous":
+        return jax.random.uniform(key, shape, jnp.float32).astype(dtype)
+    if sampling == "binomial":
+        return jax.random.bernoulli(key, 0.5, shape).astype(dtype)
+    msg = f"sampling must be 'continuous' or 'binomial', got {sampling!r}"
+    raise ValueError(msg)
+
+
+def masks(ci_lower: jax.Array, source: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """m = ci_lower + (1 − ci_lower)·r[..., :C] [..., C] and δ = r[..., C] [...].
+
+    ci_lower [..., C]; source [..., C + 1].
+    """
+    r = source.astype(ci_lower.dtype)
+    return ci_lower + (1 - ci_lower) * r[..., :-1], r[..., -1]

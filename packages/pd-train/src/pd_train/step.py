@@ -1,0 +1,470 @@
+"""The train state, the jitted train step, the faithfulness warmup and the AOT compile path.
+
+Keys. The run key is folded with the step number to give the step key
+(:func:`step_key`); the step is a pure function of (state, target, batch, step key). Inside, the
+term key of ``pd.loss_metrics[i]`` is ``fold_in(step_key, i)``; recon terms fold it with the chunk
+number, then the draw number (see :mod:`pd_train.recon` for the folds below that). Nothing else
+is random in the step, so the same run key and data give bit-identical steps.
+
+Parameters (fp32 masters) are ``{"components": {kind: {"V": [n_k, d_in, C], "U": [n_k, C,
+d_out]}}, "ci_fn": {kind: {name: [n_k, ...]}}}``, stacked per kind over the layers the kind
+covers. Two optimizer groups, ``components`` and ``ci_fn``, each AdamW with its own schedule.
+With a mesh, params and both Adam moments are ZeRO-1 sharded (pd-sharding), the target FSDP,
+the batch over the data axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+import pd_init
+import pd_sharding
+from pd_train._forward import CleanRunner, ForwardSpec
+from pd_train.ci import make_ci_function
+from pd_train.config import (
+    ChunkwiseSubsetRecon,
+    Faithfulness,
+    ImportanceMinimality,
+    PDConfig,
+    RuntimeConfig,
+    StochasticRecon,
+    check_pd_config,
+)
+from pd_train.decomposition import Decomposition, build_decomposition, site_name
+from pd_train.losses import faithfulness, importance_minimality, l0, pnorm_at
+from pd_train.models import llama
+from pd_train.models.llama_config import LlamaConfig
+from pd_train.optim import lr_schedule, make_optimizer
+from pd_train.recon import ReconPlan, all_sites_plan, chunkwise_plan, recon_loss
+from pd_train.squash import lower_leaky_hard, upper_leaky_hard
+
+__all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
+
+#: The two optimizer groups, in order.
+GROUPS = ("components", "ci_fn")
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything the step updates (donated to it). ``step``: int32 []; ``params`` and
+    ``opt_state``: ``{"components": ..., "ci_fn": ...}``."""
+
+    step: Any
+    params: dict[str, Any]
+    opt_state: dict[str, Any]
+
+
+def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
+    """The key of step ``step``: ``fold_in(run_key, step)``."""
+    return jax.random.fold_in(run_key, step)
+
+
+class Trainer:
+    """The decomposition of one target and its jitted functions (not the training loop).
+
+    Args:
+        model: the target's architecture.
+        pd: the decomposition and its losses and optimizers.
+        runtime: compute dtype and remat switches.
+        mesh: a pd-sharding mesh (axes replicate, data, tensor) for the ZeRO-1 layout, or None
+            to let JAX place everything (one device).
+
+    Raises ConfigError (with field paths) for bad patterns or loss lists before anything
+    compiles.
+    """
+
+    def __init__(
+        self,
+        model: LlamaConfig,
+        pd: PDConfig,
+        runtime: RuntimeConfig | None = None,
+        *,
+        mesh: Mesh | None = None,
+    ) -> None:
+        check_pd_config(pd)
+        self.model = model
+        self.pd = pd
+        self.runtime = runtime or RuntimeConfig()
+        self.mesh = mesh
+        self.decomposition: Decomposition = build_decomposition(model, pd.decomposition_targets)
+        self.layout = pd_sharding.Zero1Layout(mesh) if mesh is not None else None
+        self.compute_dtype = _DTYPES[self.runtime.compute_dtype]
+        self.ci_fn = make_ci_function(pd.ci, remat=self.runtime.remat.ci_fn)
+        self.tx = {
+            "components": make_optimizer(pd.components, pd.steps),
+            "ci_fn": make_optimizer(pd.ci_fn, pd.steps),
+        }
+        self.schedules = {
+            "components": lr_schedule(pd.components, pd.steps),
+            "ci_fn": lr_schedule(pd.ci_fn, pd.steps),
+        }
+        self.plans: dict[int, ReconPlan] = {}
+        for i, term in enumerate(pd.loss_metrics):
+            if isinstance(term, StochasticRecon):
+                self.plans[i] = all_sites_plan(self.decomposition)
+            elif isinstance(term, ChunkwiseSubsetRecon):
+                self.plans[i] = chunkwise_plan(self.decomposition, term.sites_per_chunk)
+        constrain = self.layout.constrain_batch if self.layout is not None else (lambda x: x)
+        self.forward_spec = ForwardSpec(
+            model=model,
+            decomposition=self.decomposition,
+            compute_dtype=self.compute_dtype,
+            sampling=pd.sampling,
+            layer_unroll=pd.recon.layer_loop == "unroll",
+            remat_layers=self.runtime.remat.recon,
+            constrain=constrain,
+        )
+        self._train_step = self._build_train_step()
+        self._warmup_tx = optax.adam(pd.faithfulness_warmup.lr)
+        self._warmup_step = self._build_warmup_step()
+
+    # ---------------------------------------------------------------- parameters and state
+    def param_specs(self) -> list[pd_init.ArraySpec]:
+        """One pd-init spec per site and array, named ``{site}.V``, ``{site}.U``,
+        ``{site}.ci_fn.{param}``, grouped ``{group}.{kind}.{name}`` so each kind's arrays come
+        out of pd-init as one stack in layer order."""
+        specs = []
+        for layout in self.decomposition.kinds:
+            ci_specs = self.ci_fn.param_specs(layout)
+            for layer in layout.layers:
+                site = site_name(layer, layout.kind)
+                specs.append(
+                    pd_init.ArraySpec(
+                        name=f"{site}.V",
+                        shape=(layout.d_in, layout.C),
+                        init=pd_init.Normal(std=layout.d_in**-0.5),
+                        group=f"components.{layout.kind}.V",
+                    )
+                )
+                specs.append(
+                    pd_init.ArraySpec(
+                        name=f"{site}.U",
+                        shape=(layout.C, layout.d_out),
+                        init=pd_init.Normal(std=layout.C**-0.5),
+                        group=f"components.{layout.kind}.U",
+                    )
+                )
+                for pname, ps in ci_specs.items():
+                    specs.append(
+                        pd_init.ArraySpec(
+                            name=f"{site}.ci_fn.{pname}",
+                            shape=ps.shape,
+                            init=ps.init,
+                            group=f"ci_fn.{layout.kind}.{pname}",
+                        )
+                    )
+        return specs
+
+    def abstract_params(self) -> dict[str, Any]:
+        """ShapeDtypeStructs of the params (fp32), with shardings when there is a mesh."""
+        comps: dict[str, Any] = {}
+        ci: dict[str, Any] = {}
+        for layout in self.decomposition.kinds:
+            n = len(layout.layers)
+            comps[layout.kind] = {
+                "V": jax.ShapeDtypeStruct((n, layout.d_in, layout.C), jnp.float32),
+                "U": jax.ShapeDtypeStruct((n, layout.C, layout.d_out), jnp.float32),
+            }
+            ci[layout.kind] = {
+                name: jax.ShapeDtypeStruct((n, *ps.shape), jnp.float32)
+                for name, ps in self.ci_fn.param_specs(layout).items()
+            }
+        params = {"components": comps, "ci_fn": ci}
+        shardings = self.param_shardings(params)
+        if shardings is None:
+            return params
+        return jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
+        )
+
+    def param_shardings(self, params: Any) -> Any:
+        """ZeRO-1 shardings of a params tree (arrays or ShapeDtypeStructs), or None."""
+        if self.layout is None:
+            return None
+        lay = self.layout
+        comps = {
+            kind: {
+                "V": lay.v(f["V"].shape, name=f"components.{kind}.V"),
+                "U": lay.u(f["U"].shape, name=f"components.{kind}.U"),
+            }
+            for kind, f in params["components"].items()
+        }
+        return {"components": comps, "ci_fn": lay.ci_params(params["ci_fn"], name="ci_fn")}
+
+    def init_params(self, *, key: jax.Array) -> dict[str, Any]:
+        """V/U and CI params from pd-init (keys from names; one stacked output per kind and
+        array), placed in their ZeRO-1 shardings."""
+        abstract = self.abstract_params()
+        group_shardings = None
+        if self.layout is not None:
+            group_shardings = {}
+            for group, tree in abstract.items():
+                for kind, arrays in tree.items():
+                    for name, a in arrays.items():
+                        group_shardings[f"{group}.{kind}.{name}"] = a.sharding
+        stacked = pd_init.init_stacked(self.param_specs(), key=key, group_shardings=group_shardings)
+        return {
+            group: {
+                kind: {name: stacked.stacks[f"{group}.{kind}.{name}"] for name in arrays}
+                for kind, arrays in tree.items()
+            }
+            for group, tree in abstract.items()
+        }
+
+    def _opt_init(self, params: Any) -> dict[str, Any]:
+        return {g: self.tx[g].init(params[g]) for g in GROUPS}
+
+    def opt_state_shardings(self, params: Any) -> Any:
+        if self.layout is None:
+            return None
+        shardings = self.param_shardings(params)
+        return pd_sharding.opt_state_shardings(
+            self._opt_init, params, shardings, mesh=self.layout.mesh
+        )
+
+    def state_shardings(self) -> Any:
+        """A TrainState of shardings (None without a mesh)."""
+        if self.layout is None:
+            return None
+        abstract = self.abstract_params()
+        return TrainState(
+            step=self.layout.replicated(),
+            params=self.param_shardings(abstract),
+            opt_state=self.opt_state_shardings(abstract),
+        )
+
+    def init_state(self, *, key: jax.Array) -> TrainState:
+        """Fresh params (:meth:`init_params`), zeroed optimizer state, step 0."""
+        params = self.init_params(key=key)
+        shardings = self.opt_state_shardings(params)
+        if shardings is None:
+            opt_state = jax.jit(self._opt_init)(params)
+            step = jnp.zeros((), jnp.int32)
+        else:
+            opt_state = jax.jit(self._opt_init, out_shardings=shardings)(params)
+            step = jax.device_put(jnp.zeros((), jnp.int32), self.layout.replicated())  # type: ignore[union-attr]
+        return TrainState(step=step, params=params, opt_state=opt_state)
+
+    def abstract_state(self) -> TrainState:
+        """The TrainState as ShapeDtypeStructs with shardings: lower the step without arrays."""
+        params = self.abstract_params()
+        opt = jax.eval_shape(self._opt_init, params)
+        shardings = self.state_shardings()
+        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt)
+        if shardings is None:
+            return state
+        return jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
+        )
+
+    # ---------------------------------------------------------------- target and batch layout
+    def target_shardings(self, target: Any) -> Any:
+        """FSDP shardings for a target params tree (arrays or ShapeDtypeStructs), or None."""
+        if self.layout is None:
+            return None
+        lay, hidden = self.layout, self.model.hidden_size
+        layers = {
+            k: (
+                lay.norm(v.shape, name=f"layers.{k}")
+                if k.endswith("layernorm")
+                else lay.target_weight(v.shape, name=f"layers.{k}", hidden_size=hidden)
+            )
+            for k, v in target["layers"].items()
+        }
+        out = {
+            "embed_tokens": lay.embedding(target["embed_tokens"].shape, name="embed_tokens"),
+            "norm": lay.norm(target["norm"].shape, name="norm"),
+            "layers": layers,
+        }
+        if "lm_head" in target:
+            out["lm_head"] = lay.lm_head(target["lm_head"].shape, name="lm_head")
+        return out
+
+    def abstract_target(self, dtype: Any = jnp.bfloat16) -> Any:
+        """The target's ShapeDtypeStructs (with shardings when there is a mesh)."""
+        target = jax.eval_shape(
+            functools.partial(llama.init_params, self.model, dtype=dtype), key=jax.random.key(0)
+        )
+        shardings = self.target_shardings(target)
+        if shardings is None:
+            return target
+        return jax.tree_util.tree_map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings
+        )
+
+    def batch_sharding(self, shape: tuple[int, ...]) -> Any:
+        return None if self.layout is None else self.layout.batch(shape, name="batch")
+
+    # ---------------------------------------------------------------- the loss
+    def loss(
+        self,
+        params: Mapping[str, Any],
+        target: Any,
+        tokens: jax.Array,
+        step: jax.Array,
+        key: jax.Array,
+    ) -> tuple[jax.Array, dict[str, Any]]:
+        """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, "pnorm": p}``.
+
+        tokens [B, T] int; step: int []; key: the step key.
+        """
+        pd = self.pd
+        dt = self.compute_dtype
+        comps = jax.tree_util.tree_map(lambda a: a.astype(dt), params["components"])
+        needs_ci = any(not isinstance(t, Faithfulness) for t in pd.loss_metrics)
+        aux: dict[str, Any] = {"terms": {}}
+        if needs_ci:
+            clean = CleanRunner(self.forward_spec, target, tokens)
+            clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+            ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+            ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
+            aux["l0"] = l0(ci_lower, pd.l0_threshold)
+        total = jnp.zeros((), jnp.float32)
+        for i, term in enumerate(pd.loss_metrics):
+            term_key = jax.random.fold_in(key, i)
+            if isinstance(term, Faithfulness):
+                value = faithfulness(target["layers"], params["components"], self.decomposition)
+            elif isinstance(term, ImportanceMinimality):
+                p = pnorm_at(term, step, pd.steps)
+                aux["pnorm"] = p
+                value = importance_minimality(
+                    ci_upper,
+                    pnorm=p,
+                    eps=term.eps,
+                    frequency_coeff=term.frequency_coeff,
+                    reference_token_count=term.reference_token_count,
+                )
+            else:
+                value = recon_loss(
+                    self.forward_spec,
+                    self.plans[i],
+                    n_samples=term.n_samples,
+                    target=target,
+                    tokens=tokens,
+                    components=comps,
+                    ci_lower=ci_lower,
+                    clean_logits=clean_logits,
+                    key=term_key,
+                    unroll=pd.recon.chunk_loop == "unroll",
+                    remat=self.runtime.remat.recon,
+                )
+            aux["terms"][term.type] = value
+            total = total + term.coeff * value
+        return total, aux
+
+    # ---------------------------------------------------------------- the step
+    def _step(
+        self, state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
+    ) -> tuple[TrainState, dict[str, Any]]:
+        (total, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(
+            state.params, target, tokens, state.step, key
+        )
+        params, opt_state = {}, {}
+        metrics: dict[str, Any] = {f"loss/{k}": v for k, v in aux["terms"].items()}
+        metrics["loss/total"] = total
+        for g in GROUPS:
+            updates, opt_state[g] = self.tx[g].update(grads[g], state.opt_state[g], state.params[g])
+            params[g] = optax.apply_updates(state.params[g], updates)
+            metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
+            metrics[f"lr/{g}"] = self.schedules[g](state.step)
+        if "pnorm" in aux:
+            metrics["pnorm"] = aux["pnorm"]
+        if "l0" in aux:
+            metrics["l0"] = aux["l0"]
+        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        return new, metrics
+
+    def _build_train_step(self) -> Any:
+        if self.layout is None:
+            return jax.jit(self._step, donate_argnums=0)
+        state = self.state_shardings()
+        rep = self.layout.replicated()
+        return jax.jit(
+            self._step,
+            donate_argnums=0,
+            out_shardings=(state, rep),
+        )
+
+    def train_step(
+        self, state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
+    ) -> tuple[TrainState, dict[str, Any]]:
+        """One step (jitted; ``state`` is donated): returns the new state and the metrics.
+
+        tokens [B, T] int32 (batch-sharded with a mesh); key: :func:`step_key` of the step.
+        Metrics: ``loss/{type}`` per loss term, ``loss/total``, ``grad_norm/{group}``,
+        ``lr/{group}``, ``pnorm`` (with importance minimality), ``l0`` ({kind: [n_k]}; see
+        :meth:`metrics_to_host` for per-site names).
+        """
+        return self._train_step(state, target, tokens, key)  # type: ignore[no-any-return]
+
+    def lower_step(self, *, batch_size: int, seq_len: int, target_dtype: Any = jnp.bfloat16) -> Any:
+        """Lower the train step on abstract state, target, batch and key (allocates nothing)."""
+        shape = (batch_size, seq_len)
+        tokens = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding(shape))
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        if self.layout is not None:
+            key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=self.layout.replicated())
+        return self._train_step.lower(
+            self.abstract_state(), self.abstract_target(target_dtype), tokens, key
+        )
+
+    def compile_step(
+        self, *, batch_size: int, seq_len: int, target_dtype: Any = jnp.bfloat16
+    ) -> Any:
+        """AOT: :meth:`lower_step` then ``.compile()``; returns the ``jax.stages.Compiled``
+        (``.memory_analysis()`` gives XLA's per-device memory)."""
+        return self.lower_step(
+            batch_size=batch_size, seq_len=seq_len, target_dtype=target_dtype
+        ).compile()
+
+    # ---------------------------------------------------------------- faithfulness warmup
+    def _warmup(self, components: Any, opt_state: Any, target: Any) -> tuple[Any, Any, jax.Array]:
+        def loss(c: Any) -> jax.Array:
+            return faithfulness(target["layers"], c, self.decomposition)
+
+        value, grads = jax.value_and_grad(loss)(components)
+        updates, opt_state = self._warmup_tx.update(grads, opt_state, components)
+        return optax.apply_updates(components, updates), opt_state, value
+
+    def _build_warmup_step(self) -> Any:
+        return jax.jit(self._warmup, donate_argnums=(0, 1))
+
+    def faithfulness_warmup(
+        self, state: TrainState, target: Any, *, steps: int | None = None
+    ) -> tuple[TrainState, list[float]]:
+        """``pd.faithfulness_warmup.steps`` Adam steps (constant lr) on faithfulness alone,
+        updating the components of ``state`` (donated); a small jit of its own. Returns the new
+        state and the faithfulness before each step."""
+        steps = self.pd.faithfulness_warmup.steps if steps is None else steps
+        if steps == 0:
+            return state, []
+        components = state.params["components"]
+        opt_state = jax.jit(self._warmup_tx.init)(components)
+        losses = []
+        for _ in range(steps):
+            components, opt_state, value = self._warmup_step(components, opt_state, target)
+            losses.append(value)
+        params = {**state.params, "components": components}
+        return dataclasses.replace(state, params=params), [float(v) for v in losses]
+
+    # ---------------------------------------------------------------- metrics
+    def metrics_to_host(self, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Flat ``{name: float}``; ``l0`` becomes ``l0/{site}`` per site (canonical order)."""
+        host = jax.device_get(dict(metrics))
+        out = {k: float(v) for k, v in host.items() if k != "l0"}
+        for site in self.decomposition.sites:
+            if "l0" in host:
+                out[f"l0/{site.name}"] = float(np.asarray(host["l0"][site.kind])[site.index])
+        return out

@@ -1,0 +1,214 @@
+"""Masked forwards and recon plans: the component path by hand, routing, scan vs unroll."""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pd_train._forward import ForwardSpec, masked_forward, site_id
+from pd_train.config import DecompositionTarget
+from pd_train.decomposition import build_decomposition
+from pd_train.models import llama
+from pd_train.models.llama_config import LlamaConfig
+from pd_train.recon import _routing, all_sites_plan, chunkwise_plan, recon_loss
+from pd_train.sources import masks, sample_source
+
+MODEL = LlamaConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+# 8 sites: q, gate, up, down in each of 2 layers -> 1, 4 and 8 chunks of 8, 2 and 1 sites.
+DEC = build_decomposition(
+    MODEL,
+    [
+        DecompositionTarget(module_pattern="layers.*.self_attn.q_proj", C=4),
+        DecompositionTarget(module_pattern="layers.*.mlp.*", C=4),
+    ],
+)
+SPEC = ForwardSpec(model=MODEL, decomposition=DEC)
+B, T = 2, 6
+
+
+@functools.cache
+def _data() -> tuple:
+    target = llama.init_params(MODEL, key=jax.random.key(0))
+    rng = np.random.default_rng(0)
+    comps, ci = {}, {}
+    for layout in DEC.kinds:
+        n = len(layout.layers)
+        comps[layout.kind] = {
+            "V": jnp.asarray(
+                rng.standard_normal((n, layout.d_in, layout.C)) / layout.d_in**0.5, jnp.float32
+            ),
+            "U": jnp.asarray(
+                rng.standard_normal((n, layout.C, layout.d_out)) / layout.C**0.5, jnp.float32
+            ),
+        }
+        ci[layout.kind] = jnp.asarray(rng.uniform(0, 1, (n, B, T, layout.C)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, MODEL.vocab_size, (B, T)), jnp.int32)
+    return target, comps, ci, tokens
+
+
+def test_routing_picks_exactly_k_live_sites_per_position() -> None:
+    mask = jnp.asarray(np.array([0, 1, 1, 0, 1, 1, 1, 0], bool))
+    draws = jax.jit(jax.vmap(lambda k: _routing(mask, jnp.int32(5), (64,), key=k)))(
+        jax.random.split(jax.random.key(0), 200)
+    )
+    draws = np.asarray(draws)  # [200, 64, 8]
+    assert not draws[..., ~np.asarray(mask)].any()
+    per_draw = draws.sum(-1)  # every position of one draw routes the same k
+    assert (per_draw == per_draw[:, :1]).all()
+    ks = per_draw[:, 0]
+    assert set(ks.tolist()) == {1, 2, 3, 4, 5}
+    # Which sites are picked varies across positions of one draw (per-position subsets).
+    assert len({tuple(row) for row in draws[0]}) > 1
+
+
+def test_no_live_site_gives_the_target_forward() -> None:
+    target, comps, ci, tokens = _data()
+    live = jnp.zeros((MODEL.num_hidden_layers, len(DEC.kinds)), bool)
+    got = jax.jit(
+        lambda: masked_forward(
+            SPEC,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            live=live,
+            routed=None,
+            key=jax.random.key(1),
+        )
+    )()
+    want = jax.jit(llama.forward, static_argnums=2)(target, tokens, MODEL)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("sampling", ["continuous", "binomial"])
+def test_one_live_site_matches_the_delta_formula_by_hand(sampling: str) -> None:
+    """Live site layers.1.mlp.down_proj routes half its positions; the rest of the model is frozen.
+    The hand version uses ((x@V)·m)@U + δ·(x@(W − V@U)), the other form of the site output."""
+    target, comps, ci, tokens = _data()
+    spec = attrs.evolve(SPEC, sampling=sampling)
+    kinds = DEC.kind_names
+    live = np.zeros((2, len(kinds)), bool)
+    live[1, kinds.index("down_proj")] = True
+    routed = np.zeros((2, len(kinds), B, T), bool)
+    routed[1, kinds.index("down_proj")] = (
+        np.random.default_rng(1).integers(0, 2, (B, T)).astype(bool)
+    )
+    key = jax.random.key(7)
+
+    got = jax.jit(
+        lambda: masked_forward(
+            spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            live=jnp.asarray(live),
+            routed=jnp.asarray(routed),
+            key=key,
+        )
+    )()
+
+    def by_hand() -> jax.Array:
+        h = llama.embed(target, tokens)
+        cos, sin = llama.rope_cos_sin(MODEL, T, h.dtype)
+        for layer in range(2):
+            lp = {k: v[layer] for k, v in target["layers"].items()}
+
+            def linear(kind: str, x: jax.Array, w: jax.Array, layer: int = layer) -> jax.Array:
+                if (layer, kind) != (1, "down_proj"):
+                    return x @ w
+                slot = DEC.kind("down_proj").slot(1)
+                v, u = comps["down_proj"]["V"][slot], comps["down_proj"]["U"][slot]
+                c = v.shape[1]
+                r = sample_source(
+                    sampling, (B, T, c + 1), key=jax.random.fold_in(key, site_id(1, "down_proj"))
+                )
+                m, delta = masks(ci["down_proj"][slot], r)
+                out = ((x @ v) * m) @ u + delta[..., None] * (x @ (w - v @ u))
+                route = jnp.asarray(routed[1, kinds.index("down_proj")])
+                return jnp.where(route[..., None], out, x @ w)
+
+            h = llama.decoder_layer(h, lp, cos, sin, MODEL, linear)
+        return llama.unembed(target, h, MODEL)
+
+    want = jax.jit(by_hand)()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)
+    frozen = jax.jit(llama.forward, static_argnums=2)(target, tokens, MODEL)
+    assert not np.allclose(np.asarray(got), np.asarray(frozen), atol=1e-3)
+
+
+# Only the LLVM optimization level differs from the default: compiles ~2x faster on CPU, same HLO.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+@functools.cache
+def _loss_and_grads(n_chunks: int, *, chunk_unroll: bool, layer_unroll: bool = False) -> tuple:
+    target, comps, ci, tokens = _data()
+    plan = chunkwise_plan(DEC, 8 // n_chunks)
+    assert plan.n_chunks == n_chunks
+    spec = attrs.evolve(SPEC, layer_unroll=layer_unroll)
+    clean = jax.jit(llama.forward, static_argnums=2)(target, tokens, MODEL)
+
+    def loss(comps: dict, ci: dict) -> jax.Array:
+        return recon_loss(
+            spec,
+            plan,
+            n_samples=2 if n_chunks == 1 else 1,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            clean_logits=clean,
+            key=jax.random.key(3),
+            unroll=chunk_unroll,
+        )
+
+    grad_fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), compiler_options=FAST_COMPILE)
+    value, grads = grad_fn(comps, ci)
+    return float(value), jax.device_get(grads)
+
+
+def _assert_same(a: tuple, b: tuple) -> None:
+    assert a[0] == pytest.approx(b[0], rel=1e-6, abs=1e-7)
+    flat_a, flat_b = jax.tree_util.tree_leaves(a[1]), jax.tree_util.tree_leaves(b[1])
+    assert len(flat_a) == len(flat_b)
+    for x, y in zip(flat_a, flat_b, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    assert any(np.abs(x).max() > 0 for x in flat_a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_chunks", [1, 4, 8])
+def test_chunk_scan_and_unroll_give_equal_loss_and_grads(n_chunks: int) -> None:
+    scanned = _loss_and_grads(n_chunks, chunk_unroll=False)
+    unrolled = _loss_and_grads(n_chunks, chunk_unroll=True)
+    assert scanned[0] > 0
+    _assert_same(scanned, unrolled)
+
+
+@pytest.mark.slow
+def test_layer_scan_and_unroll_give_equal_loss_and_grads() -> None:
+    _assert_same(
+        _loss_and_grads(4, chunk_unroll=False),
+        _loss_and_grads(4, chunk_unroll=False, layer_unroll=True),
+    )
+
+
+def test_stochastic_plan_is_one_chunk_of_every_site() -> None:
+    plan = all_sites_plan(DEC)
+    assert plan.chunks == (tuple(range(8)),) and plan.routing == "all"
+    four = chunkwise_plan(DEC, 3)
+    assert four.chunks == ((0, 1, 2), (3, 4, 5), (6, 7))
+    assert four.n_live().tolist() == [3, 3, 2]
