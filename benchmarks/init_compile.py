@@ -1,0 +1,166 @@
+"""Init compile time at Llama-3-8B shapes: per-array reference vs stacked + fan-out vs stacked.
+
+Compile only: every arm lowers and compiles on abstract inputs (nothing is allocated), with
+``jax.clear_caches()`` before each arm. 8 simulated CPU devices, a 1-D mesh axis "data", and a
+ZeRO-1-like layout: each V [d_in, C] and U [C, d_out] shards its largest dimension that "data"
+divides. Arrays are grouped per kind (``layers.<kind>.V``), as pd-train stacks them.
+
+    python benchmarks/init_compile.py                      # 2, 8, 16, 32 layers
+    python benchmarks/init_compile.py --layers 4 --c-scale 0.25
+    python benchmarks/init_compile.py --c down=4096 --c q=1024
+
+The last line is ``init compile speedup at <sites> sites: ...`` for the largest layer count.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Simulated devices must be configured before jax is imported.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import argparse
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import pd_init
+
+D_MODEL, D_KV, D_FF = 4096, 1024, 14336
+# kind -> (d_in, d_out) of W, applied as x @ W.
+KINDS = {
+    "self_attn.q_proj": (D_MODEL, D_MODEL),
+    "self_attn.k_proj": (D_MODEL, D_KV),
+    "self_attn.v_proj": (D_MODEL, D_KV),
+    "self_attn.o_proj": (D_MODEL, D_MODEL),
+    "mlp.gate_proj": (D_MODEL, D_FF),
+    "mlp.up_proj": (D_MODEL, D_FF),
+    "mlp.down_proj": (D_FF, D_MODEL),
+}
+DEFAULT_C = {"q": 2048, "k": 2048, "v": 4096, "o": 4096, "gate": 8192, "up": 8192, "down": 10240}
+
+
+def short(kind: str) -> str:
+    return kind.split(".")[1].removesuffix("_proj")
+
+
+def zero1_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """Shard the largest dimension that the data axis divides (ties: the first)."""
+    ways = mesh.shape["data"]
+    divisible = [d for d, size in enumerate(shape) if size % ways == 0]
+    if not divisible:
+        return NamedSharding(mesh, PartitionSpec())
+    dim = max(divisible, key=lambda d: shape[d])
+    spec = [None] * len(shape)
+    spec[dim] = "data"
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def scaled(value: float, scale: float) -> int:
+    """``value * scale`` rounded to a multiple of 8 (at least 8), so 8 devices divide it."""
+    return max(8, round(value * scale / 8) * 8)
+
+
+def llama_specs(
+    n_layers: int, c: dict[str, int], mesh: Mesh, *, d_scale: float = 1.0
+) -> list[pd_init.ArraySpec]:
+    """V [d_in, C] and U [C, d_out] for every site, in canonical order, one group per kind."""
+    specs = []
+    for layer in range(n_layers):
+        for kind, (w_in, w_out) in KINDS.items():
+            d_in, d_out = scaled(w_in, d_scale), scaled(w_out, d_scale)
+            comps = c[short(kind)]
+            for part, shape, fan_in in (("V", (d_in, comps), d_in), ("U", (comps, d_out), comps)):
+                specs.append(
+                    pd_init.ArraySpec(
+                        name=f"layers.{layer}.{kind}.{part}",
+                        shape=shape,
+                        init=pd_init.Normal(std=fan_in**-0.5),
+                        sharding=zero1_sharding(mesh, shape),
+                        group=f"layers.{kind}.{part}",
+                    )
+                )
+    return specs
+
+
+def timed(fn: Callable[[], object]) -> float:
+    jax.clear_caches()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="2,8,16,32", help="comma-separated layer counts")
+    parser.add_argument("--c-scale", type=float, default=1.0, help="multiply every C by this")
+    parser.add_argument(
+        "--c", action="append", default=[], metavar="KIND=C", help="C of one kind (q,k,v,o,...)"
+    )
+    args = parser.parse_args()
+
+    layer_counts = sorted({int(x) for x in args.layers.split(",")})
+    c = {kind: scaled(value, args.c_scale) for kind, value in DEFAULT_C.items()}
+    for item in args.c:
+        kind, _, value = item.partition("=")
+        if kind not in c or not value.isdigit():
+            parser.error(f"--c {item!r}: expected KIND=INT with KIND in {list(c)}")
+        c[kind] = int(value)
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    abstract_key = jax.eval_shape(lambda: jax.random.key(0))
+    print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices, C {c}")
+
+    def per_array(specs: list[pd_init.ArraySpec]) -> None:
+        pd_init.InitPlan(specs).reference_fn.lower(key=abstract_key).compile()
+
+    def stacked(specs: list[pd_init.ArraySpec]) -> pd_init.InitPlan:
+        plan = pd_init.InitPlan(specs)
+        plan.stacked_fn.lower(key=abstract_key).compile()
+        return plan
+
+    def stacked_fan_out(specs: list[pd_init.ArraySpec]) -> None:
+        plan = stacked(specs)
+        for lowered in plan.lower_fan_out():
+            lowered.compile()
+
+    rows = []
+    header = (
+        f"{'layers':>6} {'sites':>5} {'arrays':>6} {'per-array s':>11} {'stacked+fan-out s':>17} "
+        f"{'stacked s':>9} {'fan-out x':>9} {'stacked x':>9}"
+    )
+    print(header)
+    for n_layers in layer_counts:
+        specs = llama_specs(n_layers, c, mesh)
+        t_ref = timed(lambda specs=specs: per_array(specs))
+        t_fan = timed(lambda specs=specs: stacked_fan_out(specs))
+        t_stk = timed(lambda specs=specs: stacked(specs))
+        sites = n_layers * len(KINDS)
+        rows.append((n_layers, sites, t_ref, t_fan, t_stk))
+        print(
+            f"{n_layers:>6} {sites:>5} {len(specs):>6} {t_ref:>11.2f} {t_fan:>17.2f} "
+            f"{t_stk:>9.2f} {t_ref / t_fan:>8.1f}x {t_ref / t_stk:>8.1f}x",
+            flush=True,
+        )
+
+    first, last = rows[0], rows[-1]
+    print(
+        f"stacked compile at {last[0]} layers / {first[0]} layers: {last[4] / first[4]:.2f}x; "
+        f"per-array: {last[2] / first[2]:.2f}x"
+    )
+    _, sites, t_ref, t_fan, t_stk = last
+    print(
+        f"init compile speedup at {sites} sites: stacked+fan-out {t_ref / t_fan:.1f}x, "
+        f"stacked-only {t_ref / t_stk:.1f}x (per-array {t_ref:.1f}s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
