@@ -80,6 +80,8 @@ class Trainer:
         runtime: compute dtype and remat switches.
         mesh: a pd-sharding mesh (axes replicate, data, tensor) for the ZeRO-1 layout, or None
             to let JAX place everything (one device).
+        compiler_options: XLA options for every jit of the trainer (``jax.jit``'s
+            ``compiler_options``), e.g. ``{"xla_backend_optimization_level": 0}``.
 
     Raises ConfigError (with field paths) for bad patterns or loss lists before anything
     compiles.
@@ -92,6 +94,7 @@ class Trainer:
         runtime: RuntimeConfig | None = None,
         *,
         mesh: Mesh | None = None,
+        compiler_options: Mapping[str, Any] | None = None,
     ) -> None:
         check_pd_config(pd)
         self.model = model
@@ -126,9 +129,16 @@ class Trainer:
             remat_layers=self.runtime.remat.recon,
             constrain=constrain,
         )
+        self.compiler_options = dict(compiler_options or {})
         self._train_step = self._build_train_step()
         self._warmup_tx = optax.adam(pd.faithfulness_warmup.lr)
-        self._warmup_step = self._build_warmup_step()
+        self._warmup_step = self._jit(self._warmup, donate_argnums=(0, 1))
+        self._warmup_init = self._jit(self._warmup_tx.init)
+        self._init_plan: pd_init.InitPlan | None = None
+        self._opt_init_jit: Any = None
+
+    def _jit(self, fn: Any, **kwargs: Any) -> Any:
+        return jax.jit(fn, compiler_options=self.compiler_options or None, **kwargs)
 
     # ---------------------------------------------------------------- parameters and state
     def param_specs(self) -> list[pd_init.ArraySpec]:
@@ -214,7 +224,9 @@ class Trainer:
                 for kind, arrays in tree.items():
                     for name, a in arrays.items():
                         group_shardings[f"{group}.{kind}.{name}"] = a.sharding
-        stacked = pd_init.init_stacked(self.param_specs(), key=key, group_shardings=group_shardings)
+        if self._init_plan is None:
+            self._init_plan = pd_init.InitPlan(self.param_specs(), group_shardings=group_shardings)
+        stacked = self._init_plan.init_stacked(key=key)
         return {
             group: {
                 kind: {name: stacked.stacks[f"{group}.{kind}.{name}"] for name in arrays}
@@ -230,9 +242,13 @@ class Trainer:
         if self.layout is None:
             return None
         shardings = self.param_shardings(params)
-        return pd_sharding.opt_state_shardings(
-            self._opt_init, params, shardings, mesh=self.layout.mesh
-        )
+        # Per group, so a moment's path (``mu.q_proj.V``) ends with its parameter's path.
+        return {
+            g: pd_sharding.opt_state_shardings(
+                self.tx[g].init, params[g], shardings[g], mesh=self.layout.mesh
+            )
+            for g in GROUPS
+        }
 
     def state_shardings(self) -> Any:
         """A TrainState of shardings (None without a mesh)."""
@@ -248,13 +264,14 @@ class Trainer:
     def init_state(self, *, key: jax.Array) -> TrainState:
         """Fresh params (:meth:`init_params`), zeroed optimizer state, step 0."""
         params = self.init_params(key=key)
-        shardings = self.opt_state_shardings(params)
-        if shardings is None:
-            opt_state = jax.jit(self._opt_init)(params)
-            step = jnp.zeros((), jnp.int32)
-        else:
-            opt_state = jax.jit(self._opt_init, out_shardings=shardings)(params)
-            step = jax.device_put(jnp.zeros((), jnp.int32), self.layout.replicated())  # type: ignore[union-attr]
+        if self._opt_init_jit is None:
+            shardings = self.opt_state_shardings(params)
+            kwargs = {} if shardings is None else {"out_shardings": shardings}
+            self._opt_init_jit = self._jit(self._opt_init, **kwargs)
+        opt_state = self._opt_init_jit(params)
+        step = jnp.zeros((), jnp.int32)
+        if self.layout is not None:
+            step = jax.device_put(step, self.layout.replicated())
         return TrainState(step=step, params=params, opt_state=opt_state)
 
     def abstract_state(self) -> TrainState:
@@ -388,13 +405,11 @@ class Trainer:
 
     def _build_train_step(self) -> Any:
         if self.layout is None:
-            return jax.jit(self._step, donate_argnums=0)
-        state = self.state_shardings()
-        rep = self.layout.replicated()
-        return jax.jit(
+            return self._jit(self._step, donate_argnums=0)
+        return self._jit(
             self._step,
             donate_argnums=0,
-            out_shardings=(state, rep),
+            out_shardings=(self.state_shardings(), self.layout.replicated()),
         )
 
     def train_step(
@@ -438,9 +453,6 @@ class Trainer:
         updates, opt_state = self._warmup_tx.update(grads, opt_state, components)
         return optax.apply_updates(components, updates), opt_state, value
 
-    def _build_warmup_step(self) -> Any:
-        return jax.jit(self._warmup, donate_argnums=(0, 1))
-
     def faithfulness_warmup(
         self, state: TrainState, target: Any, *, steps: int | None = None
     ) -> tuple[TrainState, list[float]]:
@@ -451,7 +463,7 @@ class Trainer:
         if steps == 0:
             return state, []
         components = state.params["components"]
-        opt_state = jax.jit(self._warmup_tx.init)(components)
+        opt_state = self._warmup_init(components)
         losses = []
         for _ in range(steps):
             components, opt_state, value = self._warmup_step(components, opt_state, target)
