@@ -114,6 +114,39 @@ def _is_tagged_union(tp: Any) -> bool:
     return len(members) > 1 and all(_tag_of(m) is not None for m in members)
 
 
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp) or tp
+    return {dict: "mapping", list: "list", tuple: "list"}.get(
+        origin, getattr(origin, "__name__", str(tp))
+    )
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Does ``value`` have the plain runtime type of union member ``tp``?"""
+    if tp is type(None):
+        return value is None
+    origin = typing.get_origin(tp) or tp
+    if origin is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if origin is float:
+        return isinstance(value, (int, float))
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, Mapping)
+    return isinstance(origin, type) and isinstance(value, origin)
+
+
+def _is_optional_class(tp: Any) -> bool:
+    """``X | None`` with one non-None member: cattrs handles these itself."""
+    members = [m for m in typing.get_args(tp) if m is not type(None)]
+    return len(members) == 1
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     converter.register_structure_hook(int, _scalar_hook(int, (int,)))
@@ -136,6 +169,24 @@ def _make_converter() -> cattrs.Converter:
         return converter.structure(value, cls)
 
     converter.register_structure_hook_func(_is_tagged_union, structure_tagged)
+
+    def structure_plain_union(value: Any, tp: Any) -> Any:
+        members = typing.get_args(tp)
+        for member in members:
+            if _matches(value, member):
+                return None if member is type(None) else converter.structure(value, member)
+        names = " | ".join(_type_name(m) for m in members)
+        msg = f"got {value!r} ({type(value).__name__}); expected {names}"
+        raise TypeError(msg)
+
+    converter.register_structure_hook_func(
+        lambda tp: (
+            typing.get_origin(tp) in (typing.Union, types.UnionType)
+            and not _is_tagged_union(tp)
+            and not _is_optional_class(tp)
+        ),
+        structure_plain_union,
+    )
     converter.register_unstructure_hook(Path, str)
     converter.register_structure_hook(Path, lambda v, _: Path(_scalar_hook(str, (str,))(v, str)))
     return converter

@@ -19,14 +19,18 @@ __all__ = [
     "MLPCI",
     "CIConfig",
     "ChunkwiseSubsetRecon",
+    "CompileCacheConfig",
     "ConfigError",
     "DecompositionTarget",
     "Faithfulness",
     "FaithfulnessWarmup",
     "ImportanceMinimality",
+    "LaunchEnvConfig",
     "LossMetric",
+    "MeshConfig",
     "OptimizerConfig",
     "PDConfig",
+    "ProfileConfig",
     "ReconConfig",
     "RematConfig",
     "RuntimeConfig",
@@ -196,6 +200,60 @@ class RuntimeConfig:
         default="float32", validator=one_of("float32", "bfloat16", "float16")
     )
     remat: RematConfig = attrs.field(factory=RematConfig)
+    mesh: MeshConfig = attrs.field(factory=lambda: MeshConfig())
+    compile_cache: CompileCacheConfig = attrs.field(factory=lambda: CompileCacheConfig())
+    compiler_options: dict[str, str | int | float | bool] = attrs.field(factory=dict)
+    launch_env: LaunchEnvConfig = attrs.field(factory=lambda: LaunchEnvConfig())
+
+
+@attrs.frozen(kw_only=True)
+class MeshConfig:
+    """Axis sizes of the device mesh ``replicate × data × tensor``; ``data: null`` takes every
+    device that replicate and tensor leave."""
+
+    replicate: int = attrs.field(default=1, validator=positive())
+    data: int | None = attrs.field(default=None, validator=positive())
+    tensor: int = attrs.field(default=1, validator=positive())
+
+
+def _allowed_xla_caches(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:  # type: ignore[type-arg]
+    from pd_train._config_io import FieldValueError
+    from pd_train.runtime_env import REFUSED_XLA_CACHES
+
+    if value in REFUSED_XLA_CACHES:
+        raise FieldValueError(attribute.name, f"got {value!r}: {REFUSED_XLA_CACHES[value]}")
+
+
+@attrs.frozen(kw_only=True)
+class CompileCacheConfig:
+    """JAX's persistent compilation cache, on by default. ``dir: null`` shares
+    ``<output_dir>/.compile_cache`` across runs; a low ``min_compile_time_s`` keeps the init
+    and step compiles. ``xla_caches`` sets ``jax_persistent_cache_enable_xla_caches``
+    (``all`` is refused: it crashed at run time on GPU)."""
+
+    enabled: bool = True
+    dir: str | None = None
+    min_compile_time_s: float = attrs.field(default=0.0, validator=non_negative())
+    xla_caches: str | None = attrs.field(default=None, validator=_allowed_xla_caches)
+
+
+@attrs.frozen(kw_only=True)
+class ProfileConfig:
+    """``hlo_dump``: process 0 dumps the step's HLO into ``RUN_DIR/hlo`` (and that run skips
+    the compile cache so the dump is written). ``trace_start_step``: record a jax.profiler trace
+    of ``trace_num_steps`` steps into ``RUN_DIR/trace``."""
+
+    hlo_dump: bool = False
+    trace_start_step: int | None = attrs.field(default=None, validator=non_negative())
+    trace_num_steps: int = attrs.field(default=3, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class LaunchEnvConfig:
+    """Environment set before JAX starts (``XLA_FLAGS`` is appended to, not replaced)."""
+
+    env: dict[str, str] = attrs.field(factory=dict)
+    profile: ProfileConfig = attrs.field(factory=ProfileConfig)
 
 
 def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
