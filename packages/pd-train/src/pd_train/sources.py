@@ -3,6 +3,9 @@
 A source r has C + 1 channels per position: r[..., :C] mixes into the component mask, the last
 channel is the delta mask δ. ``continuous``: r ~ U[0, 1); ``binomial``: r ∈ {0, 1} with
 probability 1/2 each.
+
+Two fixed sources serve evaluation: ``zeros`` (m = ci_lower, δ = 0) and ``components_ones``
+(m = 1, δ = 0: every component, no delta).
 """
 
 from __future__ import annotations
@@ -25,7 +28,17 @@ def sample_source(
         return jax.random.uniform(key, shape, jnp.float32).astype(dtype)
     if sampling == "binomial":
         return jax.random.bernoulli(key, 0.5, shape).astype(dtype)
-    msg = f"sampling must be 'continuous' or 'binomial', got {sampling!r}"
+    if sampling == "zeros":
+        return jnp.zeros(shape, dtype)
+    if sampling == "components_ones":
+        return jnp.concatenate(
+            [jnp.ones((*shape[:-1], shape[-1] - 1), dtype), jnp.zeros((*shape[:-1], 1), dtype)],
+            axis=-1,
+        )
+    msg = (
+        f"sampling must be 'continuous' or 'binomial' (or 'zeros', 'components_ones' for "
+        f"evaluation), got {sampling!r}"
+    )
     raise ValueError(msg)
 
 
