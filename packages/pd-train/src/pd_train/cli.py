@@ -1,12 +1,52 @@
-"""The ``pd-train`` command: a thin layer that composes pd-train with its sibling packages."""
+"""The ``pd-train`` command: a thin layer that composes pd-train with its sibling packages.
+
+Subcommands:
+  config   print a config resolved with its defaults and overrides
+  run      run (or resume) a decomposition
+  compile  lower and compile every jit of a run on abstract inputs; print seconds and memory
+  submit   submit a run to SLURM through pd-launch
+  probe    compile probes of a config through pd-probe
+
+Exit codes: 0 success, 1 failure while running, 2 bad input (config, arguments).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pd_train import __version__
+
+DEFAULT_CONFIG = "builtin:default"
+
+
+def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    parser.add_argument(
+        "config",
+        nargs="?" if optional else None,
+        default=DEFAULT_CONFIG if optional else None,
+        help="YAML config (builtin:default names the embedded tiny decomposition)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a field, e.g. --set pd.steps=100 (repeatable)",
+    )
+
+
+def _add_device_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--simulate-devices",
+        type=int,
+        metavar="N",
+        help="run on N simulated CPU devices (sets XLA_FLAGS before JAX starts)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,8 +55,41 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stochastic parameter decomposition of transformer language models with JAX.",
     )
     parser.add_argument("--version", action="version", version=f"pd-train {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("config", help="print the resolved config, with defaults")
+    _add_config_args(p, optional=True)
+
+    p = sub.add_parser("run", help="run or resume a decomposition")
+    _add_config_args(p, optional=True)
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    p.add_argument(
+        "--run-dir", type=Path, help="write the run here (default: output_dir/NAME-TIME)"
+    )
+    p.add_argument("--max-steps", type=int, help="stop after this step (the schedule stays)")
+    p.add_argument(
+        "--distributed",
+        choices=("none", "slurm", "explicit"),
+        default="none",
+        help="process layout: one process, a task of an srun step, or given explicitly",
+    )
+    p.add_argument("--coordinator", help="HOST:PORT of process 0 (--distributed explicit)")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--process-per", choices=("node", "device"), default="node")
+    _add_device_args(p)
+
+    p = sub.add_parser("compile", help="AOT-compile every jit of a run on abstract inputs")
+    _add_config_args(p, optional=True)
+    p.add_argument("--record", type=Path, help="write per-jit compile records (JSON) here")
+    _add_device_args(p)
+
     return parser
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"pd-train: error: {message}", file=sys.stderr)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,6 +98,83 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if getattr(args, "simulate_devices", None):
+        flag = f"--xla_force_host_platform_device_count={args.simulate_devices}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    from pd_train._config_io import ConfigError
+    from pd_train.runtime_env import setup_logging
+
+    setup_logging()
+    handlers = {
+        "config": _config,
+        "run": _run,
+        "compile": _compile,
+    }
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        return _fail(str(exc))
+
+
+def config_source(value: str) -> str | Path:
+    from pd_train.configs import builtin_config
+
+    if value.startswith("builtin:"):
+        return builtin_config(value.removeprefix("builtin:"))
+    return Path(value)
+
+
+def _config(args: argparse.Namespace) -> int:
+    from pd_train.run_config import load_config, to_yaml
+
+    config, _ = load_config(config_source(args.config), args.overrides)
+    print(to_yaml(config), end="")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pd_train import run as runner
+    from pd_train.distributed import DistributedError, resolve_placement
+
+    resume = args.resume
+    if resume is not None:
+        if args.overrides:
+            return _fail("--resume takes the run's saved config; --set is not allowed with it")
+        source: str | Path = resume / runner.CONFIG_FILE
+        if not Path(source).is_file():
+            return _fail(f"--resume {resume}: no {runner.CONFIG_FILE} there; not a run dir")
+    else:
+        source = config_source(args.config)
+    try:
+        placement = resolve_placement(
+            args.distributed,
+            coordinator=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            process_per=args.process_per,
+        )
+    except DistributedError as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # pd-launch's SlurmStepError: not inside an srun step
+        if type(exc).__name__ == "SlurmStepError":
+            return _fail(f"--distributed slurm: {exc}")
+        raise
+    prepared = runner.prepare(source, args.overrides, resume_dir=resume)
+    run_dir = resume or args.run_dir or runner.new_run_dir(prepared.config, base=prepared.base)
+    rt = runner.start_runtime(prepared, placement, run_dir=run_dir)
+    result = runner.execute(rt, run_dir=run_dir, max_steps=args.max_steps)
+    if placement.is_primary:
+        print(result.summary)
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from pd_train.compile import compile_all, format_compile_table
+
+    rows = compile_all(config_source(args.config), args.overrides, record=args.record)
+    print(format_compile_table(rows))
     return 0
 
 

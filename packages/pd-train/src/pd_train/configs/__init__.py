@@ -1,0 +1,36 @@
+"""The configs that ship with pd-train: the repository's ``configs/`` directory.
+
+The wheel carries them under ``pd_train/configs/`` (hatch force-include); in a source checkout
+they are read from the repository's ``configs/``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["builtin_config", "builtin_configs"]
+
+
+def _directories() -> list[Path]:
+    here = Path(str(resources.files(__name__)))
+    return [here, Path(__file__).resolve().parents[5] / "configs"]
+
+
+def builtin_configs() -> dict[str, Path]:
+    """Name (file stem) → path of every shipped config."""
+    for directory in _directories():
+        found = {p.stem: p for p in sorted(directory.glob("*.yaml"))}
+        if found:
+            return found
+    return {}
+
+
+def builtin_config(name: str) -> Path:
+    from pd_train._config_io import ConfigError
+
+    configs = builtin_configs()
+    if name not in configs:
+        allowed = ", ".join(f"builtin:{n}" for n in configs) or "none found"
+        raise ConfigError([("config", f"no builtin config {name!r}; have {allowed}")])
+    return configs[name]

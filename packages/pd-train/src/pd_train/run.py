@@ -1,0 +1,522 @@
+"""``pd-train run``: one decomposition from a config to checkpoints, metrics, plots and a summary.
+
+Order of a run (each step only after the previous one succeeded):
+
+1. :func:`prepare` — load and validate the config completely (no jax device is touched, no file
+   is written): the target's architecture, patterns against its sites, files, cadences.
+2. :func:`start_runtime` — the launch environment (``XLA_FLAGS``, an HLO dump dir on process 0)
+   before the backend starts, ``jax.distributed``, the mesh, and the layout checks on abstract
+   shapes (divisibility errors name the array).
+3. :func:`execute` — the run dir, the compile cache and ``compile.json``, the target weights
+   placed straight into their shardings, the state (fresh or restored), the faithfulness warmup,
+   the step loop (metrics, evals, checkpoints, SIGTERM), plots and a summary.
+
+A resumed run continues bit-exactly: the state, the run key and the data stream (a pure
+function of ``(seed, step)``) are all that a step depends on, and all three are restored.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pd_train._config_io import ConfigError
+from pd_train.distributed import Placement
+from pd_train.run_config import Config, load_config, resolve_path, target_architecture, to_yaml
+
+log = logging.getLogger("pd_train")
+
+CONFIG_FILE = "config.yaml"
+COMPILE_FILE = "compile.json"
+
+
+@dataclass
+class Prepared:
+    """A validated config and what was resolved from it; nothing allocated yet."""
+
+    config: Config
+    raw: dict[str, Any]
+    base: Path | None
+    model: Any
+    checkpoint: Path | None
+    data_path: Path | None
+    eval_path: Path | None
+    resume_dir: Path | None = None
+
+
+def prepare(
+    source: str | Path | dict[str, Any],
+    overrides: Sequence[str] = (),
+    *,
+    for_run: bool = True,
+    resume_dir: Path | None = None,
+) -> Prepared:
+    """Load and validate a config without touching a device or writing a file.
+
+    ``for_run=False`` (``pd-train compile``, probes) skips the checks that need weights and
+    data on disk.
+    """
+    from pd_train.config import check_pd_config
+    from pd_train.data import DataError, TokenDataset
+    from pd_train.decomposition import build_decomposition
+
+    config, raw = load_config(source, overrides)
+    base = None if isinstance(source, dict) else Path(source).absolute().parent
+    problems: list[tuple[str, str]] = []
+
+    def attempt(fn: Any) -> Any:
+        try:
+            return fn()
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        return None
+
+    model = attempt(lambda: target_architecture(config.target, base=base))
+    checkpoint = data_path = eval_path = None
+    if config.target.checkpoint is not None:
+        checkpoint = attempt(lambda: _existing(config.target.checkpoint, "target.checkpoint", base))
+    if for_run:
+        if config.data.path is None:
+            problems.append(("data.path", "is null; a run needs token files"))
+        else:
+            data_path = attempt(lambda: _existing(config.data.path, "data.path", base))
+            eval_source = config.data.eval_path or config.data.path
+            eval_path = attempt(lambda: _existing(eval_source, "data.eval_path", base))
+    attempt(lambda: check_pd_config(config.pd))
+    if model is not None:
+        attempt(lambda: build_decomposition(model, config.pd.decomposition_targets))
+    if model is not None and checkpoint is not None and config.target.architecture is not None:
+        attempt(lambda: _check_architecture_matches(model, checkpoint))
+    problems.extend(_cadence_problems(config))
+    if for_run and model is not None:
+        for path, where in ((data_path, "data.path"), (eval_path, "data.eval_path")):
+            if path is None:
+                continue
+            try:
+                TokenDataset(
+                    path,
+                    seq_len=config.data.seq_len,
+                    dtype=config.data.dtype,
+                    vocab_size=model.vocab_size,
+                )
+            except DataError as exc:
+                problems.append((where, str(exc).removeprefix("data: ")))
+    if problems:
+        raise ConfigError(problems, source=None if isinstance(source, dict) else str(source))
+    return Prepared(
+        config=config,
+        raw=raw,
+        base=base,
+        model=model,
+        checkpoint=checkpoint,
+        data_path=data_path,
+        eval_path=eval_path,
+        resume_dir=resume_dir,
+    )
+
+
+def _existing(value: str, where: str, base: Path | None) -> Path:
+    from pd_train._config_io import FieldValueError
+
+    try:
+        path = resolve_path(value, base=base)
+    except (FieldValueError, FileNotFoundError) as exc:
+        raise ConfigError([(where, str(exc))]) from None
+    if not path.exists():
+        raise ConfigError([(where, f"{str(path)!r} does not exist")])
+    return path
+
+
+def _check_architecture_matches(model: Any, checkpoint: Path) -> None:
+    from pd_train.models.hf import llama_config_from_hf, read_hf_config
+
+    on_disk = llama_config_from_hf(read_hf_config(checkpoint))
+    if on_disk != model:
+        msg = (
+            f"target.architecture differs from {checkpoint}/config.json; drop target.architecture "
+            "to use the checkpoint's, or point target.checkpoint at a matching checkpoint"
+        )
+        raise ConfigError([("target.architecture", msg)])
+
+
+def _cadence_problems(config: Config) -> list[tuple[str, str]]:
+    steps = config.pd.steps
+    out = []
+    for name in ("train_log_every", "eval_every", "save_every"):
+        every = getattr(config.cadence, name)
+        if every > steps:
+            msg = f"got {every}, more than pd.steps ({steps}); must be <= pd.steps (0 turns it off)"
+            if name != "train_log_every":
+                out.append((f"cadence.{name}", msg))
+            else:
+                out.append((f"cadence.{name}", msg.replace(" (0 turns it off)", "")))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    """The started runtime: placement, mesh and the trainer, with its layout checked."""
+
+    prepared: Prepared
+    placement: Placement
+    mesh: Any
+    trainer: Any
+    hlo_dump_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def start_runtime(
+    prepared: Prepared,
+    placement: Placement,
+    *,
+    run_dir: Path | None = None,
+) -> Runtime:
+    """Launch environment, ``jax.distributed``, mesh, trainer; layout errors raise ConfigError."""
+    from pd_train import distributed
+    from pd_train.runtime_env import apply_launch_env
+
+    config = prepared.config
+    launch = config.runtime.launch_env
+    dump_dir = None
+    if launch.profile.hlo_dump and placement.is_primary and run_dir is not None:
+        dump_dir = run_dir / "hlo"
+    apply_launch_env(launch.env, hlo_dump_dir=dump_dir)
+    distributed.initialize(placement)
+
+    import jax
+
+    import pd_sharding
+    from pd_train.step import Trainer
+
+    problems: list[tuple[str, str]] = []
+    mesh_config = config.runtime.mesh
+    try:
+        mesh = pd_sharding.make_mesh(
+            replicate=mesh_config.replicate, data=mesh_config.data, tensor=mesh_config.tensor
+        )
+    except pd_sharding.MeshError as exc:
+        raise ConfigError([("runtime.mesh", str(exc))]) from None
+    batch = config.pd.batch_size
+    data_size = mesh.shape["replicate"] * mesh.shape["data"]
+    if batch % data_size:
+        msg = (
+            f"got {batch}; must be a multiple of the data axes' size {data_size} "
+            f"(runtime.mesh replicate × data), e.g. {max(data_size, batch // data_size * data_size)}"
+        )
+        problems.append(("pd.batch_size", msg))
+    if batch % jax.process_count():
+        msg = f"got {batch}; must be a multiple of the process count {jax.process_count()}"
+        problems.append(("pd.batch_size", msg))
+    if problems:
+        raise ConfigError(problems)
+    try:
+        trainer = Trainer(prepared.model, config.pd, config.runtime, mesh=mesh)
+        # Every sharding rule runs on abstract shapes now, before anything is allocated.
+        trainer.abstract_state()
+        trainer.abstract_target(_target_dtype(config))
+    except pd_sharding.ShardingError as exc:
+        raise ConfigError([("runtime.mesh", str(exc))]) from None
+    return Runtime(
+        prepared=prepared, placement=placement, mesh=mesh, trainer=trainer, hlo_dump_dir=dump_dir
+    )
+
+
+def _target_dtype(config: Config) -> Any:
+    import jax.numpy as jnp
+
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.target.dtype]
+
+
+def new_run_dir(config: Config, *, base: Path | None) -> Path:
+    root = Path(config.output_dir).expanduser()
+    if not root.is_absolute():
+        root = Path.cwd() / root
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{config.run_name}-{stamp}"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = root / f"{config.run_name}-{stamp}-{n}"
+    return run_dir
+
+
+def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
+    from pd_train.runtime_env import configure_compile_cache
+
+    cache = config.runtime.compile_cache
+    if disable or not cache.enabled:
+        configure_compile_cache(None)
+        return None
+    directory = (
+        Path(cache.dir).expanduser()
+        if cache.dir
+        else Path(config.output_dir).expanduser() / ".compile_cache"
+    )
+    if not directory.is_absolute():
+        directory = Path.cwd() / directory
+    configure_compile_cache(
+        directory, min_compile_time_s=cache.min_compile_time_s, xla_caches=cache.xla_caches
+    )
+    return directory
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Stop:
+    """Set by SIGTERM: finish the current step, save, exit 0 (SLURM requeues the job)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Stop:
+        def handler(signum: int, _frame: Any) -> None:
+            log.warning("signal %d: saving at the next step boundary, then exiting", signum)
+            self.requested = True
+
+        self._previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    final_step: int
+    stopped_early: bool
+    summary: str
+
+
+def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunResult:
+    """Run (or resume) the decomposition in ``run_dir``; every process calls this."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pd_sharding
+    from pd_probe import Recorder
+    from pd_train import evaluate as evaluation
+    from pd_train.checkpoints import Checkpoints
+    from pd_train.data import Batches, TokenDataset
+    from pd_train.models import llama
+    from pd_train.models.hf import load_llama_checkpoint
+    from pd_train.outputs import MetricsLog, Progress, read_metrics, render_summary, write_plots
+    from pd_train.step import TrainState, step_key
+
+    prepared, trainer, placement = rt.prepared, rt.trainer, rt.placement
+    config = prepared.config
+    primary = placement.is_primary
+    resuming = prepared.resume_dir is not None
+    started = time.time()
+
+    if primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resuming:
+            (run_dir / CONFIG_FILE).write_text(to_yaml(config))
+    cache_dir = configure_cache(config, disable=rt.hlo_dump_dir is not None)
+
+    recorder = Recorder(run_dir / COMPILE_FILE if primary else None, mode="run")
+    with recorder:
+        recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
+        # ---- target weights, straight into their shardings
+        dtype = _target_dtype(config)
+        abstract_target = trainer.abstract_target(dtype)
+        shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
+        with recorder.phase("load_target"):
+            if prepared.checkpoint is not None:
+                _, target = load_llama_checkpoint(
+                    prepared.checkpoint, shardings=shardings, dtype=dtype
+                )
+            else:
+                init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
+                target = jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
+
+        run_key = jax.random.key(config.seed)
+        # Init and eval keys are folded with numbers no step reaches (steps fold 0, 1, ...).
+        init_key = jax.random.fold_in(run_key, 2**31 - 1)
+        eval_key = jax.random.fold_in(run_key, 2**31 - 2)
+        ckpts = Checkpoints(
+            run_dir / "checkpoints", keep_last_n=config.cadence.keep_last_n_checkpoints
+        )
+        metrics_log = MetricsLog(run_dir, is_primary=primary)
+        start_step = 0
+        with recorder.phase("init"):
+            if resuming:
+                abstract = trainer.abstract_state()
+                params, training, start_step = ckpts.restore(
+                    decomposition={"params": abstract.params},
+                    training=_training_item(abstract, _abstract_key_data(trainer)),
+                )
+                state = TrainState(
+                    step=training["step"], params=params["params"], opt_state=training["opt_state"]
+                )
+                run_key = jax.random.wrap_key_data(training["run_key"])
+                metrics_log.truncate_from(start_step)
+            else:
+                state = trainer.init_state(key=init_key)
+        if not resuming and config.pd.faithfulness_warmup.steps:
+            with recorder.phase("faithfulness_warmup"):
+                state, warm = trainer.faithfulness_warmup(state, target)
+            for i, value in enumerate(warm):
+                metrics_log.log(i - len(warm), "warmup", {"loss/faithfulness": value})
+
+        dataset = TokenDataset(
+            prepared.data_path,  # type: ignore[arg-type]
+            seq_len=config.data.seq_len,
+            dtype=config.data.dtype,
+            vocab_size=prepared.model.vocab_size,
+        )
+        batches = Batches(
+            dataset,
+            batch_size=config.pd.batch_size,
+            seed=config.seed,
+            process_index=placement.process_id,
+            process_count=placement.num_processes,
+        )
+        evaluator = None
+        if config.cadence.eval_every:
+            eval_data = TokenDataset(
+                prepared.eval_path,  # type: ignore[arg-type]
+                seq_len=config.data.seq_len,
+                dtype=config.data.dtype,
+                vocab_size=prepared.model.vocab_size,
+            )
+            evaluator = evaluation.Evaluator(
+                trainer,
+                Batches(
+                    eval_data,
+                    batch_size=config.pd.batch_size,
+                    seed=config.seed + 1,
+                    process_index=placement.process_id,
+                    process_count=placement.num_processes,
+                ),
+                n_batches=config.data.eval_batches,
+                mesh=rt.mesh,
+            )
+
+        def save(step: int) -> None:
+            training = _training_item(state, jax.random.key_data(run_key))
+            ckpts.save(step, decomposition={"params": state.params}, training=training)
+
+        steps = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
+        trace = _trace_window(config, run_dir) if primary else None
+        progress = Progress(
+            steps,
+            start_step=start_step,
+            is_primary=primary,
+            log_every=config.cadence.train_log_every,
+        )
+        stopped_early = False
+        step = start_step
+        with _Stop() as stop:
+            while step < steps:
+                rows = batches.batch(step)
+                tokens = pd_sharding.global_batch(rows.astype(np.int32), rt.mesh)
+                key = step_key(run_key, step)
+                if trace is not None:
+                    trace.before_step(step)
+                if step == start_step:
+                    with recorder.phase("train_step"):
+                        state, metrics = trainer.train_step(state, target, tokens, key)
+                        jax.block_until_ready(metrics)
+                else:
+                    state, metrics = trainer.train_step(state, target, tokens, key)
+                if trace is not None:
+                    trace.after_step(step)
+                # Records carry the 0-based index of the finished step; a checkpoint at step
+                # k holds k finished steps, so a resume from k truncates records >= k.
+                done = step
+                step += 1
+                if step % config.cadence.train_log_every == 0 or step in (start_step + 1, steps):
+                    host = trainer.metrics_to_host(metrics)
+                    metrics_log.log(done, "train", host)
+                    progress.update(done, host)
+                else:
+                    progress.update(done)
+                if evaluator is not None and (
+                    step % config.cadence.eval_every == 0 or step == steps
+                ):
+                    with recorder.phase("eval") if step == config.cadence.eval_every else _null():
+                        record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
+                    metrics_log.log(done, "eval", record)
+                if config.cadence.save_every and step % config.cadence.save_every == 0:
+                    save(step)
+                if stop.requested and step < steps:
+                    stopped_early = True
+                    break
+        progress.close()
+        if trace is not None:
+            trace.close()
+        save(step)
+        ckpts.close()
+        jnp.zeros(()).block_until_ready()
+
+    summary = ""
+    if primary:
+        metrics_log.close()
+        records = read_metrics(run_dir)
+        write_plots(records, run_dir / "plots")
+        summary = render_summary(
+            records,
+            run_dir,
+            extra={
+                "wall time": f"{time.time() - started:.1f} s",
+                "stopped early (SIGTERM)": "yes" if stopped_early else "no",
+            },
+        )
+        (run_dir / "summary.txt").write_text(summary)
+    return RunResult(run_dir=run_dir, final_step=step, stopped_early=stopped_early, summary=summary)
+
+
+def _training_item(state: Any, run_key_data: Any) -> dict[str, Any]:
+    """What only resuming needs. The data position is the step: batches are a pure function of
+    ``(seed, step)``."""
+    return {"step": state.step, "opt_state": state.opt_state, "run_key": run_key_data}
+
+
+def _abstract_key_data(trainer: Any) -> Any:
+    import jax
+
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    sharding = trainer.layout.replicated() if trainer.layout is not None else None
+    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+
+
+def _trace_window(config: Config, run_dir: Path) -> Any:
+    from pd_train.runtime_env import TraceWindow
+
+    profile = config.runtime.launch_env.profile
+    if profile.trace_start_step is None:
+        return None
+    return TraceWindow(
+        run_dir / "trace", start=profile.trace_start_step, num_steps=profile.trace_num_steps
+    )
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
