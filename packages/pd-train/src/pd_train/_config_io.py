@@ -170,6 +170,19 @@ def _make_converter() -> cattrs.Converter:
 
     converter.register_structure_hook_func(_is_tagged_union, structure_tagged)
 
+    def structure_literal(value: Any, tp: Any) -> Any:
+        allowed = typing.get_args(tp)
+        if value not in allowed or isinstance(value, bool) != any(
+            isinstance(a, bool) for a in allowed
+        ):
+            msg = f"got {value!r}; must be one of " + ", ".join(repr(a) for a in allowed)
+            raise ValueError(msg)
+        return value
+
+    converter.register_structure_hook_func(
+        lambda tp: typing.get_origin(tp) is typing.Literal, structure_literal
+    )
+
     def structure_plain_union(value: Any, tp: Any) -> Any:
         members = typing.get_args(tp)
         for member in members:
