@@ -74,7 +74,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Validate CONFIG, create an immutable run dir (resolved config, code snapshot, "
             "sbatch script, submission record) and submit it with sbatch through pd-launch. "
-            "Set launch fields like any other: --set launch.nodes=2 --set launch.time=4:00:00."
+            "Set launch fields like any other: --set launch.nodes=2 --set launch.partition=gpu "
+            "(quote a time limit: --set \"launch.time='4:00:00'\")."
         ),
     )
     p.add_argument("config", help="YAML config (builtin:NAME names a shipped one)")
@@ -150,7 +151,7 @@ def build_job(config: Config, run_dir: Path, *, chdir: Path) -> JobSpec:
         gpus_per_node=launch.gpus_per_node,
         memory=launch.mem,
         mem_per_cpu=launch.mem_per_cpu,
-        time=launch.time,
+        time=str(launch.time),
         partition=launch.partition,
         account=launch.account,
         signal=launch.signal,

@@ -54,6 +54,15 @@ def _as_job_spec(_instance: Any, attribute: attrs.Attribute, value: Any) -> None
         raise FieldValueError(attribute.name, str(exc)) from None
 
 
+def _quoted_time(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if isinstance(value, int):
+        msg = (
+            f"got the number {value!r}; write the time limit as a quoted string, e.g. '30' or "
+            "'4:00:00' (YAML reads an unquoted 4:00:00 as the number 14400)"
+        )
+        raise FieldValueError(attribute.name, msg)
+
+
 def _check_env(_instance: Any, _attribute: Any, value: dict[str, str]) -> None:
     for name, val in value.items():
         if _ENV_NAME.fullmatch(name) is None:
@@ -113,7 +122,9 @@ class LaunchConfig:
     gpus_per_node: int = attrs.field(default=0, validator=non_negative())
     mem: str | None = attrs.field(default=None, validator=_as_job_spec)
     mem_per_cpu: str | None = attrs.field(default=None, validator=_as_job_spec)
-    time: str = attrs.field(default="1:00:00", validator=_as_job_spec)
+    # Typed `str | int` only to answer a number with advice: YAML 1.1 reads an unquoted
+    # 4:00:00 as the integer 14400 (base 60), which no reading can safely turn back.
+    time: str | int = attrs.field(default="1:00:00", validator=[_quoted_time, _as_job_spec])
     partition: str | None = attrs.field(default=None, validator=_as_job_spec)
     account: str | None = attrs.field(default=None, validator=_as_job_spec)
     signal: str | None = attrs.field(default="TERM@300", validator=_as_job_spec)
@@ -132,7 +143,7 @@ class LaunchConfig:
             )
             raise FieldValueError("mem_per_cpu", msg)
         lead = _signal_lead_seconds(self.signal)
-        limit = time_limit_seconds(self.time)
+        limit = time_limit_seconds(str(self.time))
         if lead is not None and limit is not None and lead >= limit:
             msg = (
                 f"got {self.signal!r}: {lead} s before the time limit, but launch.time="
