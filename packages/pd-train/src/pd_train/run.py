@@ -222,7 +222,13 @@ def start_runtime(
     if problems:
         raise ConfigError(problems)
     try:
-        trainer = Trainer(prepared.model, config.pd, config.runtime, mesh=mesh)
+        trainer = Trainer(
+            prepared.model,
+            config.pd,
+            config.runtime,
+            mesh=mesh,
+            compiler_options=config.runtime.compiler_options,
+        )
         # Every sharding rule runs on abstract shapes now, before anything is allocated.
         trainer.abstract_state()
         trainer.abstract_target(_target_dtype(config))
@@ -303,7 +309,16 @@ class RunResult:
 
 
 def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunResult:
-    """Run (or resume) the decomposition in ``run_dir``; every process calls this."""
+    """Run (or resume) the decomposition in ``run_dir``; every process calls this.
+
+    SIGTERM at any point (also during setup or the warmup) stops the run after its next step,
+    with a checkpoint, and returns normally.
+    """
+    with _Stop() as stop:
+        return _execute(rt, run_dir=run_dir, max_steps=max_steps, stop=stop)
+
+
+def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) -> RunResult:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -423,42 +438,39 @@ def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunR
         )
         stopped_early = False
         step = start_step
-        with _Stop() as stop:
-            while step < steps:
-                rows = batches.batch(step)
-                tokens = pd_sharding.global_batch(rows.astype(np.int32), rt.mesh)
-                key = step_key(run_key, step)
-                if trace is not None:
-                    trace.before_step(step)
-                if step == start_step:
-                    with recorder.phase("train_step"):
-                        state, metrics = trainer.train_step(state, target, tokens, key)
-                        jax.block_until_ready(metrics)
-                else:
+        while step < steps:
+            rows = batches.batch(step)
+            tokens = pd_sharding.global_batch(rows.astype(np.int32), rt.mesh)
+            key = step_key(run_key, step)
+            if trace is not None:
+                trace.before_step(step)
+            if step == start_step:
+                with recorder.phase("train_step"):
                     state, metrics = trainer.train_step(state, target, tokens, key)
-                if trace is not None:
-                    trace.after_step(step)
-                # Records carry the 0-based index of the finished step; a checkpoint at step
-                # k holds k finished steps, so a resume from k truncates records >= k.
-                done = step
-                step += 1
-                if step % config.cadence.train_log_every == 0 or step in (start_step + 1, steps):
-                    host = trainer.metrics_to_host(metrics)
-                    metrics_log.log(done, "train", host)
-                    progress.update(done, host)
-                else:
-                    progress.update(done)
-                if evaluator is not None and (
-                    step % config.cadence.eval_every == 0 or step == steps
-                ):
-                    with recorder.phase("eval") if step == config.cadence.eval_every else _null():
-                        record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
-                    metrics_log.log(done, "eval", record)
-                if config.cadence.save_every and step % config.cadence.save_every == 0:
-                    save(step)
-                if stop.requested and step < steps:
-                    stopped_early = True
-                    break
+                    jax.block_until_ready(metrics)
+            else:
+                state, metrics = trainer.train_step(state, target, tokens, key)
+            if trace is not None:
+                trace.after_step(step)
+            # Records carry the 0-based index of the finished step; a checkpoint at step
+            # k holds k finished steps, so a resume from k truncates records >= k.
+            done = step
+            step += 1
+            if step % config.cadence.train_log_every == 0 or step in (start_step + 1, steps):
+                host = trainer.metrics_to_host(metrics)
+                metrics_log.log(done, "train", host)
+                progress.update(done, host)
+            else:
+                progress.update(done)
+            if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
+                with recorder.phase("eval") if step == config.cadence.eval_every else _null():
+                    record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
+                metrics_log.log(done, "eval", record)
+            if config.cadence.save_every and step % config.cadence.save_every == 0:
+                save(step)
+            if _agreed(stop.requested, placement) and step < steps:
+                stopped_early = True
+                break
         progress.close()
         if trace is not None:
             trace.close()
@@ -481,6 +493,17 @@ def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunR
         )
         (run_dir / "summary.txt").write_text(summary)
     return RunResult(run_dir=run_dir, final_step=step, stopped_early=stopped_early, summary=summary)
+
+
+def _agreed(flag: bool, placement: Placement) -> bool:
+    """True when any process has the flag: every process must leave the loop at the same step,
+    or the others would wait in the next step's collectives forever."""
+    if placement.num_processes == 1:
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
 
 
 def _training_item(state: Any, run_key_data: Any) -> dict[str, Any]:
