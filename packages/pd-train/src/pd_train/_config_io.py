@@ -248,8 +248,8 @@ def _collect(exc: BaseException, path: str, out: list[tuple[str, str]]) -> None:
         out.append((_join(path, exc.field), exc.message))
         return
     if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            _collect(sub, path, out)
+        for member in exc.exceptions:
+            _collect(member, path, out)
         return
     out.append((path, _describe(exc)))
 

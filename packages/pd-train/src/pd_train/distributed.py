@@ -52,11 +52,11 @@ def resolve_placement(
         from pd_launch import slurm_process
 
         proc = slurm_process(os.environ if env is None else env)
-        devices = (proc.local_id,) if process_per == "device" else None
+        devices = (proc.local_process_id,) if process_per == "device" else None
         return Placement(
             process_id=proc.process_id,
             num_processes=proc.num_processes,
-            coordinator=proc.coordinator,
+            coordinator=proc.coordinator_address,
             local_device_ids=devices,
         )
     if mode == "explicit":
@@ -86,15 +86,14 @@ def resolve_placement(
 def initialize(placement: Placement) -> None:
     """``jax.distributed.initialize`` for a multi-process placement (nothing for one process).
 
-    On CPU, cross-process collectives need gloo; it is selected before the backend starts.
+    Cross-process collectives of the CPU backend need gloo; it is selected before the backend
+    starts (it changes nothing for GPU devices).
     """
     if placement.num_processes == 1:
         return
     import jax
 
-    platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
-    if platforms.startswith("cpu"):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=placement.coordinator,
         num_processes=placement.num_processes,
