@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", type=Path, help="write per-jit compile records (JSON) here")
     _add_device_args(p)
 
+    from pd_train import launch_cli, probe_cli
+
+    launch_cli.add_parser(sub)
+    probe_cli.add_parser(sub)
     return parser
 
 
@@ -111,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": _config,
         "run": _run,
         "compile": _compile,
+        "submit": _submit,
+        "probe": _probe,
     }
     try:
         return handlers[args.command](args)
@@ -176,6 +182,18 @@ def _compile(args: argparse.Namespace) -> int:
     rows = compile_all(config_source(args.config), args.overrides, record=args.record)
     print(format_compile_table(rows))
     return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pd_train import launch_cli
+
+    return launch_cli.submit(args)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from pd_train import probe_cli
+
+    return probe_cli.probe(args)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import attrs
 from pd_train import _config_io
 from pd_train._config_io import ConfigError, FieldValueError, non_negative, one_of, positive
 from pd_train.config import PDConfig, RuntimeConfig
+from pd_train.launch_config import LaunchConfig
 from pd_train.models.llama_config import LlamaConfig, llama3_8b
 
 BUILTIN_PREFIX = "builtin:"
@@ -77,6 +78,7 @@ class Config:
     pd: PDConfig
     cadence: CadenceConfig = attrs.field(factory=CadenceConfig)
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
+    launch: LaunchConfig = attrs.field(factory=LaunchConfig)
 
 
 # ---------------------------------------------------------------------------------------------
