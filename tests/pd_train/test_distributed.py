@@ -1,8 +1,8 @@
 """The process layout comes from an explicit choice, never from merely inherited variables."""
 
 import pytest
-from pd_launch import SlurmStepError
 
+from pd_launch import SlurmStepError
 from pd_train.distributed import DistributedError, Placement, resolve_placement
 
 
