@@ -101,7 +101,7 @@ def pd_train(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff>=0.6")
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -109,7 +109,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy over every package's src/."""
-    session.install("mypy>=1.10", "types-PyYAML", *[f"./packages/{p.name}" for p in _packages()])
+    session.install("mypy==2.4.1", "types-PyYAML", *[f"./packages/{p.name}" for p in _packages()])
     session.run("mypy", *[str(p / "src") for p in _packages()])
 
 
