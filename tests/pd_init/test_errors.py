@@ -233,3 +233,22 @@ def test_threefry_partitionable_off_is_refused():
         jax.config.update("jax_threefry_partitionable", True)
     assert jax.config.jax_threefry_partitionable
     plan.init_stacked(key=jax.random.key(0))
+
+
+def test_unknown_draw_mode():
+    with pytest.raises(pd_init.InitSpecError, match="draw must be 'map' or 'vmap', got 'scan'"):
+        pd_init.InitPlan([spec("a")], draw="scan")  # type: ignore[arg-type]
+
+
+def test_fan_out_checks_every_stack_before_consuming_any():
+    plan = pd_init.InitPlan([spec("a", group="g"), spec("b", shape=(2,), group="h")])
+    stacked = plan.init_stacked(key=jax.random.key(0))
+    bad = pd_init.StackedArrays(
+        stacks={"g": stacked.stacks["g"], "h": stacked.stacks["g"]}, index=stacked.index
+    )
+    with pytest.raises(pd_init.InitSpecError, match=r"stack of group 'h' is float32\[1, 8, 4\]"):
+        plan.fan_out(bad, consume=True)
+    assert not stacked.stacks["g"].is_deleted()  # nothing was consumed
+    plan.fan_out(stacked, consume=True)
+    with pytest.raises(pd_init.InitSpecError, match="stack of group 'g' was deleted"):
+        plan.fan_out(stacked)

@@ -1,9 +1,9 @@
 """pd-init: stacked RNG initialization of many named arrays.
 
-Arrays with the same shape, dtype and initializer (or an explicit group) are drawn together by one
-``vmap`` over their name-derived keys, so one jit emits one output per group and compiles in about
-the same time at any number of arrays. Values equal, element for element, those of a per-array
-jitted init (:meth:`InitPlan.init_reference`).
+Arrays with the same shape, dtype and initializer (or an explicit group) are drawn together, by a
+loop over their name-derived keys inside one jit, into one ``[n, *shape]`` output per group, so
+the compile depends on the number of groups, not of arrays. Values equal, element for element,
+those of a per-array jitted init (:meth:`InitPlan.init_reference`).
 
 Key scheme: ``key(name) = jax.random.fold_in(root_key, u32(name))`` where ``u32(name)`` is the
 first 4 bytes of SHA-256 of the UTF-8 name, little-endian (:func:`name_hash`).

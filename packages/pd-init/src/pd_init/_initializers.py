@@ -73,7 +73,7 @@ class Custom:
 
     Two ``Custom`` initializers are equal only when they wrap the very same function object, so
     arrays share a shape group only if their specs pass the same ``fn``. ``fn`` must be traceable
-    by ``jax.jit`` and ``jax.vmap`` (no Python control flow on the key's values).
+    by ``jax.jit``, ``jax.lax.map`` and ``jax.vmap`` (no Python control flow on the key's values).
     """
 
     fn: InitFunction = attrs.field(eq=attrs.cmp_using(eq=operator.is_), hash=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import jax
@@ -32,7 +32,7 @@ def require_partitionable_threefry() -> None:
 
 @attrs.frozen(kw_only=True)
 class Group:
-    """A shape group: arrays drawn together by one vmap into one stacked array.
+    """A shape group: arrays drawn together, in one jit, into one stacked array.
 
     ``shape`` is the member shape; the stack is ``[len(members), *shape]`` with ``sharding``.
     ``member_shardings[i]`` is the sharding member ``i`` gets when fanned out.
@@ -117,6 +117,10 @@ class InitPlan:
         specs: the arrays to initialize (non-empty, unique names).
         group_shardings: optional ``{group name: sharding of the stacked [n, *shape] array}``,
             taken unchanged; by default a group's stack is sharded ``P(None, *member_spec)``.
+        draw: how a group's members are drawn inside the one jit. ``"map"`` (default): a
+            ``lax.map`` over the members' keys, so every kernel has the member's shape and
+            compile time does not grow with the number of members. ``"vmap"``: one vectorized
+            draw of ``[n, *shape]``; same values, but XLA's CPU compile time grows with ``n``.
     """
 
     def __init__(
@@ -124,8 +128,13 @@ class InitPlan:
         specs: Sequence[ArraySpec],
         *,
         group_shardings: Mapping[str, Sharding] | None = None,
+        draw: Literal["map", "vmap"] = "map",
     ) -> None:
         require_partitionable_threefry()
+        if draw not in ("map", "vmap"):
+            msg = f"draw must be 'map' or 'vmap', got {draw!r}"
+            raise InitSpecError(msg)
+        self.draw = draw
         specs = list(specs)
         if not specs:
             msg = "specs is empty: give at least one ArraySpec"
@@ -157,7 +166,7 @@ class InitPlan:
     def stacked_fn(self) -> Any:
         """Jitted ``fn(*, key) -> {group name: [n, *shape]}``; lower it on an abstract key."""
         groups = self.groups
-
+        draw_mode = self.draw
         # Every member's key in one vmapped fold_in: one small loop, not one per group.
         all_hashes = np.array([h for group in groups for h in group.hashes], dtype=np.uint32)
         starts = np.cumsum([0] + [len(group.members) for group in groups])
@@ -168,7 +177,11 @@ class InitPlan:
             out = {}
             for group, start, stop in zip(groups, starts[:-1], starts[1:], strict=True):
                 init = functools.partial(_draw, group.init, group.shape, group.dtype)
-                value = jax.vmap(init)(keys[start:stop])
+                members = keys[start:stop]
+                if draw_mode == "map":
+                    value = jax.lax.map(init, members)
+                else:
+                    value = jax.vmap(init)(members)
                 _check_output(f"group {group.name!r}", value, group.stacked_shape, group.dtype)
                 out[group.name] = value
             return out
@@ -189,11 +202,6 @@ class InitPlan:
         }
 
     # ------------------------------------------------------------------ fan-out
-    def _take_fn(self, sharding: Sharding | None) -> Any:
-        if sharding is None:
-            return _take_unsharded
-        return _take_sharded(sharding)
-
     def _take_plan(self, group: Group) -> list[tuple[Sharding | None, list[int]]]:
         """Members grouped by target sharding: one take executable per distinct sharding."""
         by_sharding: dict[Sharding | None, list[int]] = {}
@@ -212,7 +220,7 @@ class InitPlan:
                 stack = abstract[group.name]
                 signature = (stack.shape, stack.dtype, stack.sharding, sharding)
                 if signature not in lowered:
-                    lowered[signature] = self._take_fn(sharding).lower(stack, index)
+                    lowered[signature] = _take_for(sharding).lower(stack, index)
         return list(lowered.values())
 
     def fan_out(self, stacked: StackedArrays, *, consume: bool = False) -> dict[str, jax.Array]:
@@ -224,22 +232,28 @@ class InitPlan:
         memory by all stacks plus the largest group's members; ``stacked`` is unusable after.
         Without it, the stacks stay alive and the peak is stacks plus every member.
         """
+        # Check every stack before touching any, so a bad input consumes nothing.
         missing = [g.name for g in self.groups if g.name not in stacked.stacks]
         if missing:
             msg = f"stacked has no stack for groups {missing}; pass the result of this plan's init"
             raise InitSpecError(msg)
-        out: dict[str, jax.Array] = {}
         for group in self.groups:
             stack = stacked.stacks[group.name]
+            if stack.is_deleted():
+                msg = f"stack of group {group.name!r} was deleted (already consumed by a fan-out)"
+                raise InitSpecError(msg)
             if stack.shape != group.stacked_shape or stack.dtype != group.dtype:
                 msg = (
                     f"stack of group {group.name!r} is {stack.dtype}{list(stack.shape)}, "
                     f"expected {group.dtype}{list(group.stacked_shape)}"
                 )
                 raise InitSpecError(msg)
+        out: dict[str, jax.Array] = {}
+        for group in self.groups:
+            stack = stacked.stacks[group.name]
             made = []
             for sharding, members in self._take_plan(group):
-                take = self._take_fn(sharding)
+                take = _take_for(sharding)
                 for i in members:
                     out[group.members[i]] = take(stack, np.int32(i))
                     made.append(out[group.members[i]])
@@ -298,6 +312,13 @@ def _check_output(where: str, value: Any, shape: tuple[int, ...], dtype: np.dtyp
 
 
 _take_unsharded = jax.jit(_take)
+
+
+def _take_for(sharding: Sharding | None) -> Any:
+    """The jitted take whose output has ``sharding`` (compiled once per stack shape)."""
+    if sharding is None:
+        return _take_unsharded
+    return _take_sharded(sharding)
 
 
 @functools.cache
