@@ -138,7 +138,7 @@ def build_job(config: Config, run_dir: Path, *, chdir: Path) -> JobSpec:
     """The pd-launch job description for ``config`` (its ``launch`` section) in ``run_dir``."""
     from pd_launch import JobSpec
 
-    launch: LaunchConfig = config.launch  # type: ignore[attr-defined]
+    launch: LaunchConfig = config.launch
     log_dir = Path(launch.log_dir).expanduser() if launch.log_dir else run_dir / LOG_DIR
     if not log_dir.is_absolute():
         log_dir = chdir / log_dir
@@ -165,7 +165,7 @@ def build_job(config: Config, run_dir: Path, *, chdir: Path) -> JobSpec:
 
 def _launch_problems(config: Config) -> list[tuple[str, str]]:
     """Checks of the launch section against the rest of the config."""
-    launch: LaunchConfig = config.launch  # type: ignore[attr-defined]
+    launch: LaunchConfig = config.launch
     processes = launch.nodes * launch.processes_per_node
     problems = []
     if config.pd.batch_size % processes:
@@ -398,7 +398,7 @@ def _submit(args: argparse.Namespace) -> int:
     except BaseException as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         if isinstance(exc, pd_launch.UnknownPartitionError):
-            msg = f"launch.partition={config.launch.partition!r}: {exc}"  # type: ignore[attr-defined]
+            msg = f"launch.partition={config.launch.partition!r}: {exc}"
             raise SubmitError(f"{msg}\nThe run dir was removed.", code=2) from None
         if isinstance(exc, pd_launch.LaunchError):
             raise SubmitError(f"{exc}\nThe run dir {run_dir} was removed.") from None
