@@ -221,3 +221,44 @@ def test_arm_command_templates():
     ]
     steps_cmd = probe_cli.arm_command("steps", max_steps=2)
     assert steps_cmd[3:] == ["run", "{config}", "--run-dir", "{out}", "--max-steps", "2"]
+
+
+def test_slurm_job_of_a_run_carries_the_arms_isolation(tmp_path):
+    import pd_launch
+    from pd_probe import Arm, arm_env, arm_paths
+
+    template = pd_launch.JobSpec(name="probe", command=("true",), gpus_per_node=8, time="2:00:00")
+    launcher = probe_cli.SlurmLauncher(template, env={"PATH": "/usr/bin", "HOME": "/root"})
+    arm = Arm(name="chunks_8", env={"XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+    paths = arm_paths(tmp_path, arm.name)
+    env = arm_env(arm, paths, 1, mode="compile", base_env={"PATH": "/usr/bin", "HOME": "/root"})
+    command = ["python", "-m", "pd_train.cli", "compile", str(paths.config)]
+    job = launcher.job_for(arm, command, env, paths.run(1).dir)
+    assert job.name == "probe-chunks_8"
+    assert job.command == tuple(command)
+    assert (job.gpus_per_node, job.time, job.requeue) == (8, "2:00:00", False)
+    assert job.output == str(paths.run(1).stdout)
+    assert job.error == str(paths.run(1).stderr)
+    # Exported: what the arm and its isolation changed; inherited unchanged: the rest.
+    assert job.env["JAX_COMPILATION_CACHE_DIR"] == str(paths.cache_dir)
+    assert job.env["PD_PROBE_ARM"] == "chunks_8"
+    assert "--xla_gpu_autotune_level=0" in job.env["XLA_FLAGS"]
+    assert f"--xla_gpu_per_fusion_autotune_cache_dir={paths.autotune_dir}" in job.env["XLA_FLAGS"]
+    assert "PATH" not in job.env and "HOME" not in job.env
+    script = pd_launch.render_script(job)
+    assert f"export JAX_COMPILATION_CACHE_DIR={paths.cache_dir}" in script
+
+
+def test_cli_slurm_launcher_input_errors(tmp_path, capsys):
+    assert probe_cli.main([str(PRODUCTION), "--launcher", "slurm"]) == 2
+    assert "--launcher slurm needs --slurm-job" in capsys.readouterr().err
+    job = tmp_path / "job.toml"
+    job.write_text('name = "probe"\ncommand = ["true"]\nnodes = 2\n')
+    out = tmp_path / "probe"
+    argv = [str(PRODUCTION), "--launcher", "slurm", "--slurm-job", str(job), "--out", str(out)]
+    assert probe_cli.main(argv) == 2
+    assert "asks for 2 tasks, but `pd-train compile` is one process" in capsys.readouterr().err
+    assert not out.exists()
+    job.write_text('name = "probe"\ncommand = ["true"]\ntime = "soon"\n')
+    assert probe_cli.main(argv) == 2
+    assert "time" in capsys.readouterr().err

@@ -34,6 +34,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,7 @@ from pd_train.run import COMPILE_FILE, Prepared
 __all__ = [
     "DEFAULT_PROBE_CONFIG",
     "LOSS_KEYS",
+    "SlurmLauncher",
     "add_parser",
     "arm_command",
     "build_grid",
@@ -331,17 +333,26 @@ def build_grid(
     )
 
 
-def arm_command(mode: str, *, simulate_devices: int | None = None, max_steps: int = 3) -> list[str]:
+def arm_command(
+    mode: str,
+    *,
+    simulate_devices: int | None = None,
+    max_steps: int = 3,
+    distributed: bool = False,
+) -> list[str]:
     """The command template of one run of an arm (pd-probe fills the placeholders).
 
     compile: ``pd-train compile CONFIG --record RECORD``; steps: ``pd-train run CONFIG
-    --run-dir OUT --max-steps K`` (its ``compile.json`` becomes the run's record).
+    --run-dir OUT --max-steps K`` (its ``compile.json`` becomes the run's record), with
+    ``--distributed slurm`` when every task of a SLURM job is one process of the run.
     """
     cmd = [sys.executable, "-m", "pd_train.cli"]
     if mode == "compile":
         cmd += ["compile", "{config}", "--record", "{record}"]
     else:
         cmd += ["run", "{config}", "--run-dir", "{out}", "--max-steps", str(max_steps)]
+        if distributed:
+            cmd += ["--distributed", "slurm"]
     if simulate_devices:
         cmd += ["--simulate-devices", str(simulate_devices)]
     return cmd
@@ -385,6 +396,78 @@ def _rewrite_equivalence(report_md: Path, checks: Sequence[Any]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ProbeError(f"could not rewrite {report_md}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM
+
+
+class SlurmLauncher:
+    """A pd-probe launcher that runs each run of an arm as one SLURM job through pd-launch.
+
+    ``job`` is the template (nodes, GPUs, partition, time, account, …, e.g. from a pd-launch
+    job file); each run gets a copy named ``{job.name}-{arm}``, with the run's command, its
+    logs in the run dir (where pd-probe reads them), no requeue, and the arm's variables
+    (those that differ from the submitting environment: XLA_FLAGS, the isolated cache dirs,
+    PD_PROBE_*) exported in the script. The submitting environment is scrubbed of the caller's
+    SLURM variables by pd-launch, so a probe started inside an allocation is safe.
+    """
+
+    def __init__(
+        self,
+        job: Any,
+        *,
+        poll_s: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.job = job
+        self.poll_s = poll_s
+        self.env = env
+
+    def _base_env(self) -> dict[str, str]:
+        return dict(os.environ if self.env is None else self.env)
+
+    def job_for(self, arm: Any, command: Sequence[str], env: dict[str, str], out_dir: Path) -> Any:
+        """The job description of one run (what :meth:`launch` submits)."""
+        import attrs
+
+        base = self._base_env()
+        extra = {k: v for k, v in env.items() if base.get(k) != v}
+        return attrs.evolve(
+            self.job,
+            name=f"{self.job.name}-{arm.name}".replace("+", "-"),
+            command=tuple(command),
+            env={**self.job.env, **extra},
+            output=str(out_dir / "stdout.log"),
+            error=str(out_dir / "stderr.log"),
+            requeue=False,
+        )
+
+    def launch(self, arm: Any, command: Sequence[str], env: Any, out_dir: Path) -> Any:
+        import pd_launch
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        job = self.job_for(arm, command, dict(env), out_dir)
+        submission = pd_launch.submit(job, env=self._base_env(), script_path=out_dir / "job.sh")
+        return (submission.job_id, time.monotonic())
+
+    def wait(self, handle: Any, *, timeout_s: float | None) -> int | None:
+        import pd_launch
+
+        job_id, started = handle
+        left = math.inf if timeout_s is None else max(timeout_s - (time.monotonic() - started), 0)
+        env = self._base_env()
+        try:
+            status = pd_launch.wait(job_id, timeout=left, check=False, poll=self.poll_s, env=env)
+        except pd_launch.JobWaitTimeoutError:
+            pd_launch.cancel(job_id, env=env)
+            pd_launch.wait(job_id, timeout=300, check=False, poll=self.poll_s, env=env)
+            return None
+        if status.ok:
+            return 0
+        code = (status.exit_code or "").partition(":")[0]
+        # A job that ended badly with exit code 0 (cancelled, node failure) still failed.
+        return int(code) if code.isdigit() and int(code) != 0 else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,15 +524,78 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-run time limit")
     p.add_argument("--max-steps", type=int, default=3, help="steps per arm in steps mode")
     p.add_argument(
+        "--layers",
+        type=_int_list,
+        default=LAYER_SLICES,
+        metavar="N,N…",
+        help="layer slices of the layers_N arms (default 2,8,32)",
+    )
+    p.add_argument(
+        "--chunks",
+        type=_int_list,
+        default=CHUNK_COUNTS,
+        metavar="K,K…",
+        help="recon chunk counts of the chunks_K arms (default 1,2,4,8)",
+    )
+    p.add_argument(
         "--include-gpu-arms", action="store_true", help="also run GPU-only arms (autotune)"
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="run arms as local processes, one after another, or as SLURM jobs (pd-launch)",
+    )
+    p.add_argument(
+        "--slurm-job",
+        type=Path,
+        metavar="FILE",
+        help="pd-launch job description (.toml/.json) every arm's job copies (its command is "
+        "replaced); required with --launcher slurm",
+    )
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="arms in flight at once (default 1: timings undisturbed; raise it with SLURM)",
     )
     p.add_argument("--list", action="store_true", help="list the validated arms and exit")
     return p
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        msg = f"{text!r}: expected positive integers separated by commas, e.g. 2,8,32"
+        raise argparse.ArgumentTypeError(msg)
+    return values
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"pd-train probe: error: {message}", file=sys.stderr)
     return code
+
+
+def _launcher(args: argparse.Namespace) -> Any:
+    from pd_probe import LocalLauncher
+
+    if args.launcher == "local":
+        if args.slurm_job is not None:
+            raise ProbeInputError("--slurm-job is only used with --launcher slurm")
+        return LocalLauncher()
+    import pd_launch
+
+    if args.slurm_job is None:
+        msg = "--launcher slurm needs --slurm-job FILE (a pd-launch job description)"
+        raise ProbeInputError(msg)
+    try:
+        return SlurmLauncher(pd_launch.load_job(args.slurm_job))
+    except (OSError, pd_launch.JobSpecError) as exc:
+        raise ProbeInputError(f"--slurm-job {args.slurm_job}: {exc}") from None
 
 
 def _source(value: str) -> str | Path:
@@ -486,7 +632,6 @@ def probe(args: argparse.Namespace) -> int:
     """Run ``pd-train probe``; 0 when every arm ran and the checks passed, 1 when an arm failed
     or a check did not hold, 2 on bad input (nothing is written then)."""
     from pd_probe import (
-        LocalLauncher,
         ProbeError,
         check_equivalence,
         check_isolation,
@@ -502,11 +647,24 @@ def probe(args: argparse.Namespace) -> int:
         return _fail(f"--simulate-devices {args.simulate_devices}: must be at least 1")
     if args.timeout is not None and args.timeout <= 0:
         return _fail(f"--timeout {args.timeout}: must be positive")
+    if args.max_parallel < 1:
+        return _fail(f"--max-parallel {args.max_parallel}: must be at least 1")
+    try:
+        launcher = _launcher(args)
+    except ProbeInputError as exc:
+        return _fail(str(exc))
     steps = args.mode == "steps"
     try:
         extra = [parse_arm(spec) for spec in args.extra_arms]
         raw, prepared = load_base(_source(args.config), args.overrides, for_run=steps)
-        grid = build_grid(raw, prepared, for_run=steps, extra_arms=extra)
+        grid = build_grid(
+            raw,
+            prepared,
+            for_run=steps,
+            extra_arms=extra,
+            layer_slices=args.layers,
+            chunk_counts=args.chunks,
+        )
         grid = grid.select(
             _selection(args, [a.name for a in extra]), include_gpu_only=args.include_gpu_arms
         )
@@ -521,8 +679,20 @@ def probe(args: argparse.Namespace) -> int:
     if out is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(config.output_dir) / "probes" / f"{config.run_name}-{args.mode}-{stamp}"
+    tasks = 1
+    if isinstance(launcher, SlurmLauncher):
+        tasks = launcher.job.nodes * (launcher.job.tasks_per_node or 1)
+    if tasks > 1 and not steps:
+        msg = (
+            f"--slurm-job {args.slurm_job} asks for {tasks} tasks, but `pd-train compile` is one "
+            "process: use nodes = 1 and tasks_per_node = 1 for compile probes"
+        )
+        return _fail(msg)
     command = arm_command(
-        args.mode, simulate_devices=args.simulate_devices, max_steps=args.max_steps
+        args.mode,
+        simulate_devices=args.simulate_devices,
+        max_steps=args.max_steps,
+        distributed=tasks > 1,
     )
     try:
         result = run_probe(
@@ -530,8 +700,9 @@ def probe(args: argparse.Namespace) -> int:
             out,
             command=command,
             mode=args.mode,
-            launcher=LocalLauncher(),
+            launcher=launcher,
             timeout_s=args.timeout,
+            max_parallel=args.max_parallel,
             include_gpu_only=args.include_gpu_arms,
             path_overrides=_arm_paths_overrides,
             require_record=not steps,
