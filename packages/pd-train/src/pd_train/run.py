@@ -341,7 +341,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
 
     if primary:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not resuming:
+        if not resuming and not (run_dir / CONFIG_FILE).exists():
             (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     cache_dir = configure_cache(config, disable=rt.hlo_dump_dir is not None)
 
@@ -425,7 +425,11 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             )
 
         def save(step: int) -> None:
-            training = _training_item(state, jax.random.key_data(run_key))
+            key_data = jax.random.key_data(run_key)
+            if trainer.layout is not None:
+                # orbax saves only global arrays in multi-process runs, not one device's copy.
+                key_data = jax.device_put(key_data, trainer.layout.replicated())
+            training = _training_item(state, key_data)
             ckpts.save(step, decomposition={"params": state.params}, training=training)
 
         steps = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
