@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._forward import ForwardSpec, masked_forward, site_id
+from pd_train._forward import CleanRunner, ForwardSpec, masked_forward, site_id
 from pd_train.config import DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.models import llama
@@ -91,6 +91,17 @@ def test_no_live_site_gives_the_target_forward() -> None:
     want = jax.jit(llama.forward, static_argnums=2)(target, tokens, MODEL)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
+    def clean_run() -> tuple:
+        clean = CleanRunner(SPEC, target, tokens)
+        logits, _ = clean.run(lambda kind, x, xs: None, {})
+        return logits, clean.stream
+
+    logits, stream = jax.jit(clean_run)()
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want), atol=1e-5)
+    h0 = np.asarray(llama.embed(target, tokens))
+    assert stream.shape == (MODEL.num_hidden_layers + 1, B, T, MODEL.hidden_size)
+    np.testing.assert_array_equal(np.asarray(stream[0]), h0)
+
 
 @pytest.mark.parametrize("sampling", ["continuous", "binomial"])
 def test_one_live_site_matches_the_delta_formula_by_hand(sampling: str) -> None:
@@ -107,8 +118,13 @@ def test_one_live_site_matches_the_delta_formula_by_hand(sampling: str) -> None:
     )
     key = jax.random.key(7)
 
-    got = jax.jit(
-        lambda: masked_forward(
+    def forward() -> jax.Array:
+        stream = None
+        if sampling == "binomial":  # also: layer 0 copies the clean stream instead of running
+            clean = CleanRunner(spec, target, tokens)
+            clean.run(lambda kind, x, xs: None, {})
+            stream = clean.stream
+        return masked_forward(
             spec,
             target=target,
             tokens=tokens,
@@ -117,8 +133,10 @@ def test_one_live_site_matches_the_delta_formula_by_hand(sampling: str) -> None:
             live=jnp.asarray(live),
             routed=jnp.asarray(routed),
             key=key,
+            clean_stream=stream,
         )
-    )()
+
+    got = jax.jit(forward)()
 
     def by_hand() -> jax.Array:
         h = llama.embed(target, tokens)
@@ -159,9 +177,12 @@ def _loss_and_grads(n_chunks: int, *, chunk_unroll: bool, layer_unroll: bool = F
     plan = chunkwise_plan(DEC, 8 // n_chunks)
     assert plan.n_chunks == n_chunks
     spec = attrs.evolve(SPEC, layer_unroll=layer_unroll)
-    clean = jax.jit(llama.forward, static_argnums=2)(target, tokens, MODEL)
 
     def loss(comps: dict, ci: dict) -> jax.Array:
+        # The clean run gives the logits and the stream the masked forwards copy up to their
+        # first live layer (a traced switch in the scan, a static start in the unrolled loop).
+        clean = CleanRunner(spec, target, tokens)
+        logits, _ = clean.run(lambda kind, x, xs: None, {})
         return recon_loss(
             spec,
             plan,
@@ -170,7 +191,8 @@ def _loss_and_grads(n_chunks: int, *, chunk_unroll: bool, layer_unroll: bool = F
             tokens=tokens,
             components=comps,
             ci_lower=ci,
-            clean_logits=clean,
+            clean_logits=logits,
+            clean_stream=clean.stream,
             key=jax.random.key(3),
             unroll=chunk_unroll,
         )

@@ -208,6 +208,11 @@ def test_aot_lowering_on_abstract_inputs_allocates_nothing() -> None:
     assert mu.sharding == v.sharding
     lowered = trainer.lower_step(batch_size=8, seq_len=16)
     assert "stablehlo" in lowered.as_text()[:20000]
+    # Every other jit of a run lowers on abstract inputs too (what `pd-train compile` needs).
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    assert trainer.init_plan().stacked_fn.lower(key=key) is not None
+    assert trainer.lower_opt_init() is not None
+    assert trainer.lower_warmup() is not None
 
 
 @pytest.mark.slow

@@ -1,5 +1,101 @@
-"""pd-train."""
+"""pd-train: stochastic parameter decomposition of Llama-family language models with JAX.
+
+The step API (see ``pd_train.step`` for the key scheme and state layout)::
+
+    trainer = Trainer(model_config, pd_config, runtime_config, mesh=mesh)
+    state = trainer.init_state(key=init_key)
+    state, warm = trainer.faithfulness_warmup(state, target)
+    state, metrics = trainer.train_step(state, target, tokens, step_key(run_key, step))
+    compiled = trainer.compile_step(batch_size=B, seq_len=T)   # AOT, nothing allocated
+
+Names below are imported on first use, so ``import pd_train`` (and ``pd-train --version``)
+does not import JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_EXPORTS = {
+    "ChunkwiseSubsetRecon": "pd_train.config",
+    "DecompositionTarget": "pd_train.config",
+    "Faithfulness": "pd_train.config",
+    "FaithfulnessWarmup": "pd_train.config",
+    "ImportanceMinimality": "pd_train.config",
+    "MLPCI": "pd_train.config",
+    "OptimizerConfig": "pd_train.config",
+    "PDConfig": "pd_train.config",
+    "ReconConfig": "pd_train.config",
+    "RematConfig": "pd_train.config",
+    "RuntimeConfig": "pd_train.config",
+    "SharedMLPCI": "pd_train.config",
+    "StochasticRecon": "pd_train.config",
+    "Decomposition": "pd_train.decomposition",
+    "build_decomposition": "pd_train.decomposition",
+    "LlamaConfig": "pd_train.models.llama_config",
+    "GROUPS": "pd_train.step",
+    "TrainState": "pd_train.step",
+    "Trainer": "pd_train.step",
+    "step_key": "pd_train.step",
+}
+
+__all__ = [
+    "GROUPS",
+    "MLPCI",
+    "ChunkwiseSubsetRecon",
+    "Decomposition",
+    "DecompositionTarget",
+    "Faithfulness",
+    "FaithfulnessWarmup",
+    "ImportanceMinimality",
+    "LlamaConfig",
+    "OptimizerConfig",
+    "PDConfig",
+    "ReconConfig",
+    "RematConfig",
+    "RuntimeConfig",
+    "SharedMLPCI",
+    "StochasticRecon",
+    "TrainState",
+    "Trainer",
+    "__version__",
+    "build_decomposition",
+    "step_key",
+]
+
+if TYPE_CHECKING:
+    from pd_train.config import (
+        MLPCI,
+        ChunkwiseSubsetRecon,
+        DecompositionTarget,
+        Faithfulness,
+        FaithfulnessWarmup,
+        ImportanceMinimality,
+        OptimizerConfig,
+        PDConfig,
+        ReconConfig,
+        RematConfig,
+        RuntimeConfig,
+        SharedMLPCI,
+        StochasticRecon,
+    )
+    from pd_train.decomposition import Decomposition, build_decomposition
+    from pd_train.models.llama_config import LlamaConfig
+    from pd_train.step import GROUPS, Trainer, TrainState, step_key
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        msg = f"module 'pd_train' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -69,10 +69,13 @@ def _slice(tree: Tree, start: int, size: int) -> Tree:
 
 
 def _frozen_body(
-    spec: ForwardSpec, cos: jax.Array, sin: jax.Array
-) -> Callable[[jax.Array, Tree], tuple[jax.Array, None]]:
-    def body(h: jax.Array, layer: Tree) -> tuple[jax.Array, None]:
-        return spec.constrain(llama.decoder_layer(h, layer, cos, sin, spec.model)), None
+    spec: ForwardSpec, cos: jax.Array, sin: jax.Array, *, collect: bool = False
+) -> Callable[[jax.Array, Tree], tuple[jax.Array, Any]]:
+    """The plain layer; ``collect``: also emit its input (the residual stream) as ``ys``."""
+
+    def body(h: jax.Array, layer: Tree) -> tuple[jax.Array, Any]:
+        out = spec.constrain(llama.decoder_layer(h, layer, cos, sin, spec.model))
+        return out, (h if collect else None)
 
     return body
 
@@ -86,10 +89,16 @@ def _start(
 
 
 class CleanRunner:
-    """The frozen target on one batch, as :class:`pd_train.ci.CleanRun`."""
+    """The frozen target on one batch, as :class:`pd_train.ci.CleanRun`.
+
+    After :meth:`run`, ``stream`` holds the clean residual stream [L + 1, B, T, hidden]: the
+    input of every layer, then the last layer's output. Masked forwards reuse it: up to their
+    first live layer they equal the clean forward, so they copy it instead of recomputing.
+    """
 
     def __init__(self, spec: ForwardSpec, target: Tree, tokens: jax.Array) -> None:
         self.spec, self.target, self.tokens = spec, target, tokens
+        self.stream: jax.Array | None = None
 
     def run(
         self, site_fn: Callable[[str, jax.Array, Any], Any], site_xs: Mapping[str, Any]
@@ -97,16 +106,19 @@ class CleanRunner:
         spec = self.spec
         h, cos, sin = _start(spec, self.target, self.tokens)
         outputs: dict[str, list[Any]] = {k: [] for k in site_xs}
+        stream: list[jax.Array] = []
         for seg in spec.decomposition.segments:
             layers = _slice(self.target["layers"], seg.start, seg.size)
             kinds = [k for k in seg.kinds if k in site_xs]
             if not kinds:
-                h, _ = loop(_frozen_body(spec, cos, sin), h, layers, unroll=spec.layer_unroll)
+                body = _frozen_body(spec, cos, sin, collect=True)
+                h, inputs = loop(body, h, layers, unroll=spec.layer_unroll)
+                stream.append(inputs)
                 continue
             offsets = dict(zip(seg.kinds, seg.offsets, strict=True))
             sites = {k: _slice(site_xs[k], offsets[k], seg.size) for k in kinds}
 
-            def body(h: jax.Array, xs: Tree) -> tuple[jax.Array, dict[str, Any]]:
+            def site_body(h: jax.Array, xs: Tree) -> tuple[jax.Array, Any]:
                 ys: dict[str, Any] = {}
 
                 def linear(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -114,12 +126,15 @@ class CleanRunner:
                         ys[kind] = site_fn(kind, jax.lax.stop_gradient(x), xs["sites"][kind])
                     return x @ w.astype(x.dtype)
 
-                h = llama.decoder_layer(h, xs["layer"], cos, sin, spec.model, linear)
-                return spec.constrain(h), ys
+                out = llama.decoder_layer(h, xs["layer"], cos, sin, spec.model, linear)
+                return spec.constrain(out), (ys, h)
 
-            h, ys = loop(body, h, {"layer": layers, "sites": sites}, unroll=spec.layer_unroll)
+            xs = {"layer": layers, "sites": sites}
+            h, (ys, inputs) = loop(site_body, h, xs, unroll=spec.layer_unroll)
+            stream.append(inputs)
             for k in kinds:
                 outputs[k].append(ys[k])
+        self.stream = jax.lax.stop_gradient(jnp.concatenate([*stream, h[None]], axis=0))
         logits = llama.unembed(self.target, h, spec.model)
         joined = {
             k: jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *v)
@@ -135,52 +150,125 @@ def masked_forward(
     tokens: jax.Array,
     components: Mapping[str, Mapping[str, jax.Array]],
     ci_lower: Mapping[str, jax.Array],
-    live: jax.Array,
+    live: jax.Array | np.ndarray,
     routed: jax.Array | None,
     key: jax.Array,
+    clean_stream: jax.Array | None = None,
 ) -> jax.Array:
     """Logits [B, T, vocab] of the target with live sites on their component path.
 
     components[kind]: {"V": [n_k, d_in, C], "U": [n_k, C, d_out]} (compute dtype);
     ci_lower[kind]: [n_k, B, T, C]; live: [L, K] bool over (layer, decomposed kind);
     routed: [L, K, B, T] bool (positions that take the component path) or None for every
-    position of a live site; key: this draw's source key (folded per site by ``site_id``).
+    position of a live site; key: this draw's source key (folded per site by ``site_id``);
+    clean_stream: [L + 1, B, T, hidden] from :class:`CleanRunner`, or None. With it, layers
+    before the first live layer copy the clean stream (no compute, no backward) instead of
+    recomputing what the clean forward already did.
+
+    ``live`` as a traced array: each layer picks copy, frozen or live with ``lax.switch`` (one
+    body for any liveness: what the chunk scan needs). ``live`` as a numpy array: the forward is
+    specialized at trace time — it starts at the first live layer, runs of frozen layers scan the
+    plain layer, live layers scan a body with their live kinds wired in, no branches (what an
+    unrolled chunk loop traces).
     """
-    h, cos, sin = _start(spec, target, tokens)
     names = spec.decomposition.kind_names
+    static = isinstance(live, np.ndarray)
+    n_layers = spec.decomposition.n_layers
+    h, cos, sin = _start(spec, target, tokens)
+    first: Any = 0
+    if clean_stream is not None:
+        if static:
+            live_layers = np.flatnonzero(np.asarray(live).any(axis=1))
+            first = int(live_layers[0]) if live_layers.size else n_layers
+            h = clean_stream[first]
+        else:
+            any_live = jnp.any(live, axis=1)
+            first = jnp.where(jnp.any(any_live), jnp.argmax(any_live), n_layers)
     for seg in spec.decomposition.segments:
-        layers = _slice(target["layers"], seg.start, seg.size)
-        if not seg.kinds:
-            h, _ = loop(_frozen_body(spec, cos, sin), h, layers, unroll=spec.layer_unroll)
-            continue
-        cols = np.array([names.index(k) for k in seg.kinds])
-        xs: dict[str, Any] = {
-            "layer": layers,
-            "live": live[seg.start : seg.stop][:, cols],
-            "site_id": jnp.asarray(
-                [[site_id(layer, k) for k in seg.kinds] for layer in range(seg.start, seg.stop)],
-                dtype=jnp.uint32,
-            ),
-            "V": {k: _slice(components[k]["V"], o, seg.size) for k, o in _kind_offsets(seg)},
-            "U": {k: _slice(components[k]["U"], o, seg.size) for k, o in _kind_offsets(seg)},
-            "ci": {k: _slice(ci_lower[k], o, seg.size) for k, o in _kind_offsets(seg)},
-        }
-        if routed is not None:
-            xs["routed"] = routed[seg.start : seg.stop][:, cols]
-        body = _masked_body(spec, seg, cos, sin, key)
-        if spec.remat_layers:
-            body = jax.checkpoint(body)
-        h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
+        cols = np.array([names.index(k) for k in seg.kinds], dtype=np.int32)
+        seg_live = live[seg.start : seg.stop][:, cols]
+        runs: list[tuple[int, int, tuple[bool, ...] | None]]
+        if not static:
+            runs = [(seg.start, seg.stop, None)]
+        else:
+            runs = [
+                (max(a, first), b, f)
+                for a, b, f in _static_runs(seg.start, np.asarray(seg_live))
+                if b > first
+            ]
+        for start, stop, flags in runs:
+            frozen = not seg.kinds or (flags is not None and not any(flags))
+            if frozen and flags is not None:  # static and frozen: the plain layer
+                layers = _slice(target["layers"], start, stop - start)
+                h, _ = loop(_frozen_body(spec, cos, sin), h, layers, unroll=spec.layer_unroll)
+                continue
+            if frozen:
+                xs: dict[str, Any] = {"layer": _slice(target["layers"], start, stop - start)}
+            else:
+                xs = _layer_xs(spec, seg, start, stop, target, components, ci_lower)
+            if flags is None:  # dynamic: which branch each layer takes is data
+                xs["live"] = seg_live
+                xs["copy"] = jnp.arange(start, stop) < first
+                if clean_stream is not None:
+                    xs["clean_out"] = clean_stream[start + 1 : stop + 1]
+            if routed is not None and not frozen:
+                xs["routed"] = routed[start:stop][:, cols]
+            body = _masked_body(spec, seg, cos, sin, key, flags, frozen=frozen)
+            if spec.remat_layers:
+                body = jax.checkpoint(body)
+            h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
     return llama.unembed(target, h, spec.model)
 
 
-def _kind_offsets(seg: Segment) -> list[tuple[str, int]]:
-    return list(zip(seg.kinds, seg.offsets, strict=True))
+def _static_runs(first: int, seg_live: np.ndarray) -> list[tuple[int, int, tuple[bool, ...]]]:
+    """Maximal runs of consecutive layers with the same live kinds: (start, stop, flags)."""
+    runs: list[tuple[int, int, tuple[bool, ...]]] = []
+    for i, row in enumerate(seg_live):
+        flags = tuple(bool(v) for v in row)
+        if runs and runs[-1][2] == flags:
+            runs[-1] = (runs[-1][0], first + i + 1, flags)
+        else:
+            runs.append((first + i, first + i + 1, flags))
+    return runs
+
+
+def _layer_xs(
+    spec: ForwardSpec,
+    seg: Segment,
+    start: int,
+    stop: int,
+    target: Tree,
+    components: Mapping[str, Mapping[str, jax.Array]],
+    ci_lower: Mapping[str, jax.Array],
+) -> dict[str, Any]:
+    """Per-layer inputs of layers [start, stop) of ``seg``: static slices of every stack."""
+    size = stop - start
+    offsets = [(k, o + start - seg.start) for k, o in zip(seg.kinds, seg.offsets, strict=True)]
+    return {
+        "layer": _slice(target["layers"], start, size),
+        "site_id": jnp.asarray(
+            [[site_id(layer, k) for k in seg.kinds] for layer in range(start, stop)],
+            dtype=jnp.uint32,
+        ),
+        "V": {k: _slice(components[k]["V"], o, size) for k, o in offsets},
+        "U": {k: _slice(components[k]["U"], o, size) for k, o in offsets},
+        "ci": {k: _slice(ci_lower[k], o, size) for k, o in offsets},
+    }
 
 
 def _masked_body(
-    spec: ForwardSpec, seg: Segment, cos: jax.Array, sin: jax.Array, key: jax.Array
+    spec: ForwardSpec,
+    seg: Segment,
+    cos: jax.Array,
+    sin: jax.Array,
+    key: jax.Array,
+    flags: tuple[bool, ...] | None,
+    *,
+    frozen: bool = False,
 ) -> Callable[[jax.Array, Tree], tuple[jax.Array, None]]:
+    """The layer body. ``flags``: static live kinds (no branches). None: per layer, copy the
+    clean stream (``xs["copy"]``, before the first live layer), else run the live layer if
+    ``xs["live"]`` has a live kind, else the frozen one (``frozen``: no live branch at all)."""
     model = spec.model
 
     def body(h: jax.Array, xs: Tree) -> tuple[jax.Array, None]:
@@ -190,6 +278,8 @@ def _masked_body(
                 if kind not in seg.kinds:
                     return xw
                 j = seg.kinds.index(kind)
+                if flags is not None and not flags[j]:
+                    return xw
                 ci = xs["ci"][kind]
                 c = ci.shape[-1]
                 source = sample_source(
@@ -200,11 +290,9 @@ def _masked_body(
                 m, delta = masks(ci, source)
                 inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
                 out = inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw
-                route = xs["live"][j]
+                route = jnp.ones(x.shape[:-1], bool) if flags is not None else xs["live"][j]
                 if "routed" in xs:
                     route = route & xs["routed"][j]
-                else:
-                    route = jnp.broadcast_to(route, x.shape[:-1])
                 return jnp.where(route[..., None], out, xw)
 
             return llama.decoder_layer(h, xs["layer"], cos, sin, model, linear)
@@ -212,7 +300,17 @@ def _masked_body(
         def frozen_layer(h: jax.Array) -> jax.Array:
             return llama.decoder_layer(h, xs["layer"], cos, sin, model)
 
-        h = jax.lax.cond(jnp.any(xs["live"]), live_layer, frozen_layer, h)
+        if flags is not None:
+            return spec.constrain(live_layer(h)), None
+        if "clean_out" in xs:
+            branches = [lambda h: xs["clean_out"], frozen_layer]
+            index = jnp.where(xs["copy"], 0, 1)
+        else:
+            branches, index = [frozen_layer], jnp.int32(0)
+        if not frozen:
+            branches.append(live_layer)
+            index = jnp.where(jnp.any(xs["live"]) & ~xs["copy"], len(branches) - 1, index)
+        h = jax.lax.switch(index, branches, h) if len(branches) > 1 else frozen_layer(h)
         return spec.constrain(h), None
 
     return body

@@ -6,7 +6,9 @@ order), how many, the chunk and draw numbers — and rebuilds everything else fr
 chunk has the same body and the chunk loop is one ``lax.scan`` (``chunk_loop="scan"``). Because
 liveness is data and not structure, this holds for non-uniform plans too (a smaller last chunk,
 chunks that cut a layer); ``is_uniform`` is reported for information. ``chunk_loop="unroll"``
-runs the same body in a Python loop, for A/B; both give the same loss and gradients.
+traces each chunk separately with its liveness static (the structure of a Python-unrolled
+plan: n_chunks specialized masked forwards in one graph), for A/B; both give the same loss and
+gradients.
 
 Keys: the term key is folded with the chunk number, then with the draw number; the draw key is
 folded with 0 for the sources (then per site, :func:`pd_train._forward.site_id`) and with 1 for
@@ -15,6 +17,7 @@ routing (then 0 for k, 1 for the per-position subsets).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -24,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train._forward import ForwardSpec, loop, masked_forward
+from pd_train._forward import ForwardSpec, masked_forward
 from pd_train.decomposition import Decomposition
 from pd_train.losses import kl_clean_masked
 
@@ -111,34 +114,39 @@ def recon_loss(
     ci_lower: Mapping[str, jax.Array],
     clean_logits: jax.Array,
     key: jax.Array,
+    clean_stream: jax.Array | None = None,
     unroll: bool = False,
     remat: bool = False,
 ) -> jax.Array:
     """Mean over chunks × draws of KL(clean ‖ masked); fp32 scalar.
 
     tokens [B, T]; clean_logits [B, T, vocab]; components/ci_lower as in
-    :func:`pd_train._forward.masked_forward`; key: this term's key.
+    :func:`pd_train._forward.masked_forward`; key: this term's key; clean_stream:
+    [L + 1, B, T, hidden] (optional) lets each forward skip the layers before its first live one.
+
+    ``unroll=False``: one ``lax.scan`` over (chunk, draw) pairs whose per-chunk data are arrays;
+    each layer picks live or frozen with ``lax.cond``. ``unroll=True``: a Python loop that traces
+    every (chunk, draw) separately with its liveness static, so each chunk's forward is
+    specialized (frozen layers plain, no ``cond``) — the structure of an unrolled recon plan.
     """
     grid = site_grid(spec.decomposition)
-    has_site = jnp.asarray(grid >= 0)
-    grid_idx = jnp.asarray(np.maximum(grid, 0))
+    has_site = grid >= 0
+    grid_idx = np.maximum(grid, 0)
     chunk_ids = np.repeat(np.arange(plan.n_chunks, dtype=np.int32), n_samples)
     draw_ids = np.tile(np.arange(n_samples, dtype=np.int32), plan.n_chunks)
-    xs = {
-        "chunk": jnp.asarray(chunk_ids),
-        "draw": jnp.asarray(draw_ids),
-        "site_mask": jnp.asarray(plan.site_masks()[chunk_ids]),
-        "n_live": jnp.asarray(plan.n_live()[chunk_ids]),
-    }
+    site_masks = plan.site_masks()[chunk_ids]
+    n_live = plan.n_live()[chunk_ids]
     batch_shape = tuple(tokens.shape)
 
-    def body(acc: jax.Array, x: Mapping[str, jax.Array]) -> tuple[jax.Array, None]:
-        draw_key = jax.random.fold_in(jax.random.fold_in(key, x["chunk"]), x["draw"])
-        live = has_site & x["site_mask"][grid_idx]  # [L, K]
+    def chunk_kl(chunk: Any, draw: Any, site_mask: Any, live_count: Any) -> jax.Array:
+        """KL of one (chunk, draw); numpy arguments give a forward specialized to them."""
+        xp = np if isinstance(site_mask, np.ndarray) else jnp
+        draw_key = jax.random.fold_in(jax.random.fold_in(key, chunk), draw)
+        live = xp.asarray(has_site) & site_mask[grid_idx]  # [L, K]
         routed = None
         if plan.routing == "subset":
             per_site = _routing(
-                x["site_mask"], x["n_live"], batch_shape, key=jax.random.fold_in(draw_key, 1)
+                jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(draw_key, 1)
             )  # [B, T, S]
             routed = jnp.moveaxis(per_site[..., grid_idx] & has_site, (-2, -1), (0, 1))
         logits = masked_forward(
@@ -150,10 +158,29 @@ def recon_loss(
             live=live,
             routed=routed,
             key=jax.random.fold_in(draw_key, 0),
+            clean_stream=clean_stream,
         )
-        return acc + kl_clean_masked(clean_logits, logits), None
+        return kl_clean_masked(clean_logits, logits)
 
-    if remat:
-        body = jax.checkpoint(body)
-    total, _ = loop(body, jnp.zeros((), jnp.float32), xs, unroll=unroll)
+    if unroll:
+        total = jnp.zeros((), jnp.float32)
+        for i in range(len(chunk_ids)):
+            fn = functools.partial(
+                chunk_kl, int(chunk_ids[i]), int(draw_ids[i]), site_masks[i], int(n_live[i])
+            )
+            total = total + (jax.checkpoint(fn) if remat else fn)()
+    else:
+
+        def body(acc: jax.Array, x: Mapping[str, jax.Array]) -> tuple[jax.Array, None]:
+            return acc + chunk_kl(x["chunk"], x["draw"], x["site_mask"], x["n_live"]), None
+
+        if remat:
+            body = jax.checkpoint(body)
+        xs = {
+            "chunk": jnp.asarray(chunk_ids),
+            "draw": jnp.asarray(draw_ids),
+            "site_mask": jnp.asarray(site_masks),
+            "n_live": jnp.asarray(n_live),
+        }
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
     return total / (plan.n_chunks * n_samples)

@@ -133,7 +133,9 @@ class Trainer:
         self._train_step = self._build_train_step()
         self._warmup_tx = optax.adam(pd.faithfulness_warmup.lr)
         self._warmup_step = self._jit(self._warmup, donate_argnums=(0, 1))
-        self._warmup_init = self._jit(self._warmup_tx.init)
+        shardings = self._warmup_opt_shardings()
+        kwargs = {} if shardings is None else {"out_shardings": shardings}
+        self._warmup_init = self._jit(self._warmup_tx.init, **kwargs)
         self._init_plan: pd_init.InitPlan | None = None
         self._opt_init_jit: Any = None
 
@@ -213,20 +215,26 @@ class Trainer:
         }
         return {"components": comps, "ci_fn": lay.ci_params(params["ci_fn"], name="ci_fn")}
 
+    def init_plan(self) -> pd_init.InitPlan:
+        """The pd-init plan of :meth:`param_specs`, with each stack's ZeRO-1 sharding (built
+        once; its jit compiles on first use; ``.stacked_fn.lower(key=...)`` lowers it)."""
+        if self._init_plan is None:
+            group_shardings = None
+            if self.layout is not None:
+                group_shardings = {
+                    f"{group}.{kind}.{name}": a.sharding
+                    for group, tree in self.abstract_params().items()
+                    for kind, arrays in tree.items()
+                    for name, a in arrays.items()
+                }
+            self._init_plan = pd_init.InitPlan(self.param_specs(), group_shardings=group_shardings)
+        return self._init_plan
+
     def init_params(self, *, key: jax.Array) -> dict[str, Any]:
         """V/U and CI params from pd-init (keys from names; one stacked output per kind and
         array), placed in their ZeRO-1 shardings."""
         abstract = self.abstract_params()
-        group_shardings = None
-        if self.layout is not None:
-            group_shardings = {}
-            for group, tree in abstract.items():
-                for kind, arrays in tree.items():
-                    for name, a in arrays.items():
-                        group_shardings[f"{group}.{kind}.{name}"] = a.sharding
-        if self._init_plan is None:
-            self._init_plan = pd_init.InitPlan(self.param_specs(), group_shardings=group_shardings)
-        stacked = self._init_plan.init_stacked(key=key)
+        stacked = self.init_plan().init_stacked(key=key)
         return {
             group: {
                 kind: {name: stacked.stacks[f"{group}.{kind}.{name}"] for name in arrays}
@@ -264,15 +272,22 @@ class Trainer:
     def init_state(self, *, key: jax.Array) -> TrainState:
         """Fresh params (:meth:`init_params`), zeroed optimizer state, step 0."""
         params = self.init_params(key=key)
-        if self._opt_init_jit is None:
-            shardings = self.opt_state_shardings(params)
-            kwargs = {} if shardings is None else {"out_shardings": shardings}
-            self._opt_init_jit = self._jit(self._opt_init, **kwargs)
-        opt_state = self._opt_init_jit(params)
+        opt_state = self._opt_init_fn()(params)
         step = jnp.zeros((), jnp.int32)
         if self.layout is not None:
             step = jax.device_put(step, self.layout.replicated())
         return TrainState(step=step, params=params, opt_state=opt_state)
+
+    def _opt_init_fn(self) -> Any:
+        if self._opt_init_jit is None:
+            shardings = self.opt_state_shardings(self.abstract_params())
+            kwargs = {} if shardings is None else {"out_shardings": shardings}
+            self._opt_init_jit = self._jit(self._opt_init, **kwargs)
+        return self._opt_init_jit
+
+    def lower_opt_init(self) -> Any:
+        """Lower the optimizer-state init on abstract params (allocates nothing)."""
+        return self._opt_init_fn().lower(self.abstract_params())
 
     def abstract_state(self) -> TrainState:
         """The TrainState as ShapeDtypeStructs with shardings: lower the step without arrays."""
@@ -373,6 +388,7 @@ class Trainer:
                     components=comps,
                     ci_lower=ci_lower,
                     clean_logits=clean_logits,
+                    clean_stream=clean.stream,
                     key=term_key,
                     unroll=pd.recon.chunk_loop == "unroll",
                     remat=self.runtime.remat.recon,
@@ -404,10 +420,17 @@ class Trainer:
         return new, metrics
 
     def _build_train_step(self) -> Any:
+        # The jit takes its name from the function: ``jit(train_step)`` in compile logs, HLO
+        # dumps (runtime.launch_env.profile.hlo_dump filters on it) and compile.json.
+        def train_step(
+            state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
+        ) -> tuple[TrainState, dict[str, Any]]:
+            return self._step(state, target, tokens, key)
+
         if self.layout is None:
-            return self._jit(self._step, donate_argnums=0)
+            return self._jit(train_step, donate_argnums=0)
         return self._jit(
-            self._step,
+            train_step,
             donate_argnums=0,
             out_shardings=(self.state_shardings(), self.layout.replicated()),
         )
@@ -452,6 +475,30 @@ class Trainer:
         value, grads = jax.value_and_grad(loss)(components)
         updates, opt_state = self._warmup_tx.update(grads, opt_state, components)
         return optax.apply_updates(components, updates), opt_state, value
+
+    def _warmup_opt_shardings(self) -> Any:
+        if self.layout is None:
+            return None
+        components = self.abstract_params()["components"]
+        return pd_sharding.opt_state_shardings(
+            self._warmup_tx.init,
+            components,
+            jax.tree_util.tree_map(lambda a: a.sharding, components),
+            mesh=self.layout.mesh,
+        )
+
+    def lower_warmup(self, target_dtype: Any = jnp.bfloat16) -> Any:
+        """Lower one faithfulness-warmup step on abstract inputs (allocates nothing)."""
+        components = self.abstract_params()["components"]
+        opt_state = jax.eval_shape(self._warmup_tx.init, components)
+        shardings = self._warmup_opt_shardings()
+        if shardings is not None:
+            opt_state = jax.tree_util.tree_map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                opt_state,
+                shardings,
+            )
+        return self._warmup_step.lower(components, opt_state, self.abstract_target(target_dtype))
 
     def faithfulness_warmup(
         self, state: TrainState, target: Any, *, steps: int | None = None
