@@ -12,7 +12,7 @@ copy / frozen / live with ``lax.switch``). ``unroll`` is the original system's s
 and layer loops unrolled in Python, each chunk's forward specialized to its live sites. One extra
 arm at 8Lx8c unrolls the chunks but keeps the layer scan. Unroll arms whose predicted time (the
 previous unroll arm of that layer count scaled by the chunk ratio, or the previous layer count's
-first arm scaled by the layer ratio) exceeds ``--unroll-budget`` seconds are skipped, and the
+first arm scaled by the layer ratio) exceeds ``--unroll-budget`` CPU seconds are skipped, and the
 table says so. Then scan and unroll run real steps at 8 layers x 8 chunks and their step times
 are compared.
 
@@ -37,6 +37,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import argparse
 import math
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -105,23 +106,26 @@ def trainer(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) -> Tra
     return Trainer(model(layers), pd_config(layers, chunks, loop), mesh=mesh)
 
 
-def compile_arm(
-    layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh
-) -> tuple[float, float, int]:
-    """(lower seconds, compile seconds, chunks in the plan)."""
+class Arm(NamedTuple):
+    """One compile: CPU and wall seconds of lower + compile, and the plan's chunk count."""
+
+    cpu: float
+    wall: float
+    plan: int
+
+
+def compile_arm(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) -> Arm:
     jax.clear_caches()
     tr = trainer(layers, chunks, loop, mesh)
     n_chunks = next(iter(tr.plans.values())).n_chunks
-    start = time.perf_counter()
-    lowered = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32)
-    lowered_at = time.perf_counter()
-    lowered.compile()
-    done = time.perf_counter()
-    return lowered_at - start, done - lowered_at, n_chunks
+    wall, cpu = time.perf_counter(), time.process_time()
+    tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
+    return Arm(time.process_time() - cpu, time.perf_counter() - wall, n_chunks)
 
 
 def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, steps: int) -> float:
-    """Median seconds per executed step (after one warm-up step)."""
+    """Fastest wall seconds of ``steps`` executed steps (after one warm-up step): the minimum
+    is the figure least disturbed by other work on a shared machine."""
     jax.clear_caches()
     tr = trainer(layers, chunks, loop, mesh)
     target = llama.init_params(tr.model, key=jax.random.key(0))
@@ -138,14 +142,11 @@ def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, step
         state, metrics = tr.train_step(state, target, tokens, step_key(run_key, i))
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return min(times)
 
 
-def _fmt(cells: tuple[float, float] | str) -> str:
-    if isinstance(cells, str):
-        return f"{cells:>8} {'':>8}"
-    low, comp = cells
-    return f"{low + comp:>8.1f} {comp:>8.1f}"
+def _cells(arm: Arm | None) -> str:
+    return f"{'skipped':>8} {'':>8}" if arm is None else f"{arm.cpu:>8.1f} {arm.wall:>8.1f}"
 
 
 def main() -> None:
@@ -153,7 +154,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
-        "--unroll-budget", type=float, default=300.0, help="max predicted seconds per unroll arm"
+        "--unroll-budget",
+        type=float,
+        default=300.0,
+        help="max predicted CPU seconds per unroll arm",
     )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per loop at 8Lx8c")
     args = parser.parse_args()
@@ -164,79 +168,74 @@ def main() -> None:
         f"d_ff {D_FF}, C {C}, batch {BATCH}x{SEQ}, all 7 kinds decomposed; jax {jax.__version__}",
         flush=True,
     )
-    totals: dict[tuple[str, int, int], float] = {}
+    arms: dict[tuple[str, int, int], Arm] = {}
     rows: list[str] = []
     skipped: list[str] = []
-    last: dict[int, tuple[int, float]] = {}  # layers -> (plan chunks, seconds) of the last unroll
-    first_unroll: dict[int, float] = {}  # layers -> seconds of its first unroll arm
+    last: dict[int, Arm] = {}  # layers -> its last unroll arm
+    first: dict[int, Arm] = {}  # layers -> its first unroll arm
 
     def predict(layers: int, plan: int) -> float | None:
         if layers in last:
-            chunks, seconds = last[layers]
-            return seconds * plan / chunks
-        smaller = [n for n in last if n < layers]
-        if smaller:  # the first arm of a layer count: scale the previous layer count's first arm
+            return last[layers].cpu * plan / last[layers].plan
+        smaller = [n for n in first if n < layers]
+        if smaller:  # the first arm of a layer count: the previous count's first arm, scaled
             n = max(smaller)
-            return first_unroll[n] * layers / n
+            return first[n].cpu * layers / n
         return None
 
     for layers in args.layers:
         for chunks in args.chunks:
-            scan = compile_arm(layers, chunks, "scan", mesh)
-            plan = scan[2]
-            totals[("scan", layers, chunks)] = scan[0] + scan[1]
-            predicted = predict(layers, plan)
-            unroll: tuple[float, float] | str
+            scan = arms["scan", layers, chunks] = compile_arm(layers, chunks, "scan", mesh)
+            predicted = predict(layers, scan.plan)
+            unroll: Arm | None = None
             if predicted is not None and predicted > args.unroll_budget:
                 skipped.append(f"{layers}Lx{chunks}c (predicted {predicted:.0f} s)")
-                unroll, ratio = "skipped", ""
             else:
-                low, comp, _ = compile_arm(layers, chunks, "unroll", mesh)
-                unroll = (low, comp)
-                totals[("unroll", layers, chunks)] = low + comp
-                last[layers] = (plan, low + comp)
-                first_unroll.setdefault(layers, low + comp)
-                ratio = f"{(low + comp) / (scan[0] + scan[1]):.1f}x"
-            row = f"{layers:>6} {chunks:>6} {plan:>5} | {_fmt(scan[:2])} | {_fmt(unroll)} | {ratio:>11}"
+                unroll = arms["unroll", layers, chunks] = compile_arm(
+                    layers, chunks, "unroll", mesh
+                )
+                last[layers] = unroll
+                first.setdefault(layers, unroll)
+            ratio = f"{unroll.cpu / scan.cpu:.1f}x" if unroll else ""
+            row = f"{layers:>6} {chunks:>6} {scan.plan:>5} | {_cells(scan)} | {_cells(unroll)} | {ratio:>11}"
             rows.append(row)
             print(row, flush=True)
-
-    # Chunks unrolled but layers still scanned, at the arm of R2: how much the layer scan alone buys.
-    low, comp, _ = compile_arm(8, 8, "unroll-chunks", mesh)
-    totals[("unroll-chunks", 8, 8)] = low + comp
+    # Chunks unrolled but layers scanned, at the arm of R2: what the layer scan alone buys.
+    mixed = compile_arm(8, 8, "unroll-chunks", mesh)
 
     header = (
-        f"{'layers':>6} {'chunks':>6} {'plan':>5} | {'scan':>8} {'(xla)':>8} | "
-        f"{'unroll':>8} {'(xla)':>8} | {'unroll/scan':>11}"
+        f"{'layers':>6} {'chunks':>6} {'plan':>5} | {'scan cpu':>8} {'wall':>8} | "
+        f"{'unroll':>8} {'wall':>8} | {'unroll/scan':>11}"
     )
     print()
-    print("Step compile seconds (lower + compile; in brackets the XLA compile part). plan = chunks")
-    print("in the recon plan (sites_per_chunk = ceil(7 * layers / chunks)).")
+    print("Step compile (lower + compile), seconds: CPU time of this process, and wall. Ratios use")
+    print("CPU time, which other work on a shared machine disturbs least. plan = chunks in the")
+    print("recon plan (sites_per_chunk = ceil(7 * layers / chunks)).")
     print(header)
     print("-" * len(header))
     for row in rows:
         print(row)
     if skipped:
-        print(f"unroll arms skipped (budget {args.unroll_budget:.0f} s): " + "; ".join(skipped))
-    print(
-        f"8Lx8c with chunks unrolled and layers scanned: {low + comp:.1f} s "
-        f"({(low + comp) / totals[('scan', 8, 8)]:.1f}x scan)"
-        if ("scan", 8, 8) in totals
-        else ""
-    )
+        print(f"unroll arms skipped (budget {args.unroll_budget:.0f} CPU s): " + "; ".join(skipped))
+    if ("scan", 8, 8) in arms:
+        print(
+            f"8Lx8c, chunks unrolled but layers scanned: {mixed.cpu:.1f} CPU s "
+            f"({mixed.cpu / arms['scan', 8, 8].cpu:.1f}x scan)"
+        )
 
     t_scan = step_time(8, 8, "scan", mesh, args.steps)
     t_unroll = step_time(8, 8, "unroll", mesh, args.steps)
     print(
-        f"step time at 8Lx8c (median of {args.steps}): scan {t_scan * 1e3:.0f} ms, "
+        f"step time at 8Lx8c (fastest of {args.steps}): scan {t_scan * 1e3:.0f} ms, "
         f"unroll {t_unroll * 1e3:.0f} ms"
     )
 
-    def total(loop: str, layers: int, chunks: int) -> float:
-        return totals.get((loop, layers, chunks), float("nan"))
+    def cpu(loop: str, layers: int, chunks: int) -> float:
+        arm = arms.get((loop, layers, chunks))
+        return arm.cpu if arm else float("nan")
 
-    r1 = total("scan", 32, 16) / total("scan", 2, 1)
-    r2 = total("unroll", 8, 8) / total("scan", 8, 8)
+    r1 = cpu("scan", 32, 16) / cpu("scan", 2, 1)
+    r2 = cpu("unroll", 8, 8) / cpu("scan", 8, 8)
     r3 = t_scan / t_unroll
     print(
         f"step compile: scan 32Lx16c / 2Lx1c {r1:.2f}x; unroll/scan at 8Lx8c {r2:.1f}x; "
