@@ -69,13 +69,15 @@ def test_every_arm_of_the_production_config_is_valid_and_means_its_name(producti
         "chunk_loop_unroll",
         "layer_loop_scan",
         "layer_loop_unroll",
+        "init_stacked",
+        "init_per_array",
         *(f"autotune_{level}" for level in (0, 2, 4)),
         "cache_off",
         "cache_on",
     }
     assert set(grid.names) == expected
     # Arms that change nothing run once, as the baseline.
-    for name in ("layers_32", "chunks_4", "chunk_loop_scan", "layer_loop_scan"):
+    for name in ("layers_32", "chunks_4", "chunk_loop_scan", "layer_loop_scan", "init_stacked"):
         assert grid.aliases[name] == "baseline"
     assert grid.aliases["chunks_4_unroll"] == "chunk_loop_unroll"
 
@@ -98,6 +100,9 @@ def test_every_arm_of_the_production_config_is_valid_and_means_its_name(producti
         elif name.startswith(("chunk_loop_", "layer_loop_")):
             field = name.rsplit("_", 1)[0]
             assert getattr(config.pd.recon, field) == name.rsplit("_", 1)[1]
+        elif name.startswith("init_"):
+            assert config.runtime.init == name.removeprefix("init_")
+            assert grid.arm(name).equivalence == "init"
         elif name == "cache_off":
             assert config.runtime.compile_cache.enabled is False
         if name.startswith("autotune_"):

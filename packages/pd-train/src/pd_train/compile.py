@@ -45,7 +45,7 @@ def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
     if trainer.layout is not None:
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
     jits: list[tuple[str, Callable[[], Any]]] = [
-        ("init_params", lambda: trainer.init_plan().stacked_fn.lower(key=key)),
+        *trainer.init_lowerings(key=key),
         ("opt_init", lambda: trainer.lower_opt_init()),
     ]
     if config.pd.faithfulness_warmup.steps:

@@ -194,12 +194,22 @@ class RematConfig:
 @attrs.frozen(kw_only=True)
 class RuntimeConfig:
     """Runtime bits the step reads. Masters stay fp32; ``compute_dtype`` is what activations,
-    the target weights and cast V/U use in the forwards (reductions always fp32)."""
+    the target weights and cast V/U use in the forwards (reductions always fp32).
+
+    ``init`` chooses how V/U and the CI params are drawn. ``stacked`` (default): pd-init's
+    stacked jit, one output per kind and array (compile time flat in the number of sites).
+    ``per_array``: pd-init's per-array reference jit, one output per site and array (the
+    original system's structure, compile time linear in the sites), then one jit that stacks
+    them per kind (init briefly holds the params twice). Both give bit-identical values; the
+    switch exists so a probe can measure what the per-array structure costs to compile."""
 
     compute_dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
         default="float32", validator=one_of("float32", "bfloat16", "float16")
     )
     remat: RematConfig = attrs.field(factory=RematConfig)
+    init: Literal["stacked", "per_array"] = attrs.field(
+        default="stacked", validator=one_of("stacked", "per_array")
+    )
     mesh: MeshConfig = attrs.field(factory=lambda: MeshConfig())
     compile_cache: CompileCacheConfig = attrs.field(factory=lambda: CompileCacheConfig())
     compiler_options: dict[str, str | int | float | bool] = attrs.field(factory=dict)

@@ -17,7 +17,8 @@ The standard grid over a base config (every arm is the base plus overrides):
   unrolled.
 * ``chunk_loop_scan`` / ``chunk_loop_unroll`` and ``layer_loop_scan`` / ``layer_loop_unroll``
   (``pd.recon.*_loop``) — numerically equivalent pairs: in steps mode their losses must match.
-* ``init_stacked`` / ``init_per_array`` — only when the schema has ``runtime.init``.
+* ``init_stacked`` / ``init_per_array`` (``runtime.init``) — pd-init's stacked jit vs its
+  per-array reference jit (one output per array) plus a stacking jit; an equivalent pair.
 * ``autotune_{0,2,4}`` (GPU only) — ``--xla_gpu_autotune_level`` in XLA_FLAGS.
 * ``cache_off`` / ``cache_on`` — ``runtime.compile_cache.enabled``; ``cache_on`` runs twice in
   the same cache, so its second run shows what a warm persistent cache saves.
@@ -294,7 +295,13 @@ def build_grid(
     init = []
     if _field_exists(raw, INIT_FIELD):
         init = [
-            Arm(name=f"init_{how}", overrides={INIT_FIELD: how}, meta={"init": how})
+            Arm(
+                name=f"init_{how}",
+                overrides={INIT_FIELD: how},
+                meta={"init": how},
+                equivalence="init",
+                description=f"{INIT_FIELD} = {how}",
+            )
             for how in ("stacked", "per_array")
         ]
     cache = [

@@ -137,6 +137,7 @@ class Trainer:
         kwargs = {} if shardings is None else {"out_shardings": shardings}
         self._warmup_init = self._jit(self._warmup_tx.init, **kwargs)
         self._init_plan: pd_init.InitPlan | None = None
+        self._init_stack_jit: Any = None
         self._opt_init_jit: Any = None
 
     def _jit(self, fn: Any, **kwargs: Any) -> Any:
@@ -232,16 +233,54 @@ class Trainer:
 
     def init_params(self, *, key: jax.Array) -> dict[str, Any]:
         """V/U and CI params from pd-init (keys from names; one stacked output per kind and
-        array), placed in their ZeRO-1 shardings."""
+        array), placed in their ZeRO-1 shardings. ``runtime.init`` chooses the jit: stacked, or
+        per-array then stacked (bit-identical values)."""
         abstract = self.abstract_params()
-        stacked = self.init_plan().init_stacked(key=key)
+        plan = self.init_plan()
+        if self.runtime.init == "per_array":
+            stacks = self._init_stack_fn()(plan.init_reference(key=key))
+        else:
+            stacks = plan.init_stacked(key=key).stacks
         return {
             group: {
-                kind: {name: stacked.stacks[f"{group}.{kind}.{name}"] for name in arrays}
+                kind: {name: stacks[f"{group}.{kind}.{name}"] for name in arrays}
                 for kind, arrays in tree.items()
             }
             for group, tree in abstract.items()
         }
+
+    def _init_stack_fn(self) -> Any:
+        """``runtime.init = per_array``: a jit ``{array name: [*shape]} -> {group: [n, *shape]}``
+        stacking the per-array outputs in each group's member order and sharding."""
+        if self._init_stack_jit is None:
+            groups = self.init_plan().groups
+
+            def init_stack(arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
+                return {g.name: jnp.stack([arrays[m] for m in g.members]) for g in groups}
+
+            kwargs = {}
+            if self.layout is not None:
+                kwargs["out_shardings"] = {g.name: g.sharding for g in groups}
+            self._init_stack_jit = self._jit(init_stack, **kwargs)
+        return self._init_stack_jit
+
+    def init_lowerings(self, *, key: Any) -> list[tuple[str, Any]]:
+        """``[(jit name, lower)]`` of the init jits of ``runtime.init``, in call order; each
+        ``lower()`` lowers on abstract inputs (allocates nothing). ``stacked``: ``init_params``
+        (pd-init's stacked jit). ``per_array``: ``init_params`` (pd-init's per-array reference
+        jit, one output per array) and ``init_stack``."""
+        plan = self.init_plan()
+        if self.runtime.init != "per_array":
+            return [("init_params", lambda: plan.stacked_fn.lower(key=key))]
+        arrays = {
+            name: jax.ShapeDtypeStruct(g.shape, g.dtype, sharding=g.member_shardings[i])
+            for g in plan.groups
+            for i, name in enumerate(g.members)
+        }
+        return [
+            ("init_params", lambda: plan.reference_fn.lower(key=key)),
+            ("init_stack", lambda: self._init_stack_fn().lower(arrays)),
+        ]
 
     def _opt_init(self, params: Any) -> dict[str, Any]:
         return {g: self.tx[g].init(params[g]) for g in GROUPS}
