@@ -7,10 +7,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.errors import ScopeParamNotFoundError, ScopeParamShapeError
 
 from pd_train.config import (
     DecompositionTarget,
@@ -191,6 +193,20 @@ def test_linear_hook_replaces_the_layer_matmuls() -> None:
     want_zeroed = jax.jit(llama.forward, static_argnums=2)(zeroed, tokens, config)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want_zeroed))
     assert not np.allclose(np.asarray(got), np.asarray(want))
+
+
+def test_params_that_do_not_fit_the_config_are_named() -> None:
+    """Flax checks every parameter against its declaration, which ``llama.forward`` does not."""
+    config = CASES["gqa_untied_scaled"]
+    tokens = _tokens(config)
+    tied = attrs.evolve(config, tie_word_embeddings=True)
+    params = jax.eval_shape(lambda k: llama.init_params(tied, key=k), jax.random.key(0))
+    with pytest.raises(ScopeParamNotFoundError, match='"lm_head"'):
+        jax.eval_shape(LlamaForCausalLM(config).apply, {"params": params}, tokens)
+    params = jax.eval_shape(lambda k: llama.init_params(config, key=k), jax.random.key(0))
+    wider = attrs.evolve(config, intermediate_size=128)
+    with pytest.raises(ScopeParamShapeError, match=r'"gate_proj".*\(3, 64, 128\).*\(3, 64, 96\)'):
+        jax.eval_shape(LlamaForCausalLM(wider).apply, {"params": params}, tokens)
 
 
 @pytest.mark.parametrize("name", ["llama3_gqa", "tied"])

@@ -103,8 +103,8 @@ class LlamaForCausalLM(nn.Module):
         return _forward_with_linear(params, tokens, self.config, self.linear)
 
     def param_tree(self) -> dict[str, Any]:
-        """The parameters as one dict, in ``param_dtype``. ``model.init(key,
-        method="param_tree")`` initializes them without running a forward (no tokens needed)."""
+        """The parameters as one dict (``init`` creates them in ``param_dtype``).
+        ``model.init(key, method="param_tree")`` initializes without a forward (no tokens)."""
         params: dict[str, Any] = {
             "embed_tokens": self.embed_tokens,
             "norm": self.norm,
