@@ -154,6 +154,7 @@ def masked_forward(
     routed: jax.Array | None,
     key: jax.Array,
     clean_stream: jax.Array | None = None,
+    source_scale: jax.Array | None = None,
 ) -> jax.Array:
     """Logits [B, T, vocab] of the target with live sites on their component path.
 
@@ -163,7 +164,9 @@ def masked_forward(
     position of a live site; key: this draw's source key (folded per site by ``site_id``);
     clean_stream: [L + 1, B, T, hidden] from :class:`CleanRunner`, or None. With it, layers
     before the first live layer copy the clean stream (no compute, no backward) instead of
-    recomputing what the clean forward already did.
+    recomputing what the clean forward already did. source_scale: a scalar (may be traced)
+    multiplying every drawn source: 0 gives m = ci_lower, δ = 0 and 1 the sampled masks, so one
+    traced forward serves both (evaluation scans its mask modes this way); None: no scaling.
 
     ``live`` as a traced array: each layer picks copy, frozen or live with ``lax.switch`` (one
     body for any liveness: what the chunk scan needs). ``live`` as a numpy array: the forward is
@@ -213,7 +216,9 @@ def masked_forward(
                     xs["clean_out"] = clean_stream[start + 1 : stop + 1]
             if routed is not None and not frozen:
                 xs["routed"] = routed[start:stop][:, cols]
-            body = _masked_body(spec, seg, cos, sin, key, flags, frozen=frozen)
+            body = _masked_body(
+                spec, seg, cos, sin, key, flags, frozen=frozen, source_scale=source_scale
+            )
             if spec.remat_layers:
                 body = jax.checkpoint(body)
             h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
@@ -265,6 +270,7 @@ def _masked_body(
     flags: tuple[bool, ...] | None,
     *,
     frozen: bool = False,
+    source_scale: jax.Array | None = None,
 ) -> Callable[[jax.Array, Tree], tuple[jax.Array, None]]:
     """The layer body. ``flags``: static live kinds (no branches). None: per layer, copy the
     clean stream (``xs["copy"]``, before the first live layer), else run the live layer if
@@ -287,6 +293,8 @@ def _masked_body(
                     (*x.shape[:-1], c + 1),
                     key=jax.random.fold_in(key, xs["site_id"][j]),
                 )
+                if source_scale is not None:
+                    source = source * jnp.asarray(source_scale, source.dtype)
                 m, delta = masks(ci, source)
                 inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
                 out = inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw
