@@ -55,7 +55,8 @@ def faithfulness(
 
         total = total + jnp.sum(jax.lax.map(site, (w, v, u)))
         numel += len(layout.layers) * layout.d_in * layout.d_out
-    return total / numel
+    # A Python float: at Llama-8B size numel is ~7e9, beyond the int32 a Python int becomes.
+    return total / float(numel)
 
 
 def pnorm_at(term: ImportanceMinimality, step: jax.Array, total_steps: int) -> jax.Array:
