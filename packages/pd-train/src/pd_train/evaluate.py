@@ -12,13 +12,18 @@ Reported per mask: ``eval/ce_<mask>`` (next-token cross entropy) and ``eval/kl_<
 (KL(clean ‖ masked), mean over positions); ``eval/ce_clean``; ``l0/<site>``; and per site a
 histogram of ci_lower over [0, 1] (``ci_hist/<site>`` with ``edges`` and ``counts``). Values are
 means over ``n_batches`` batches.
+
+The four masks are data, not code: every mask is m = c + (1 − c)·s·r, δ = s·r[C] for a mask
+ci ``c`` (ci_lower, ones or rounded) and a source scale ``s`` (1 for ``stochastic``, else 0),
+so one masked forward is traced and ``lax.map`` runs it once per mask. The eval jit is then
+about the size of one masked forward instead of four (``benchmarks/eval_compile.py``). The
+stochastic mask draws its sources from the batch's eval key folded per site, as training does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +45,85 @@ def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return -jnp.mean(picked)
 
 
+def batch_metrics(
+    trainer: Any, params: Any, target: Any, tokens: jax.Array, key: jax.Array
+) -> dict[str, Any]:
+    """The metrics of one batch (traceable): ``eval/*`` scalars, ``l0`` {kind: [n_k]} and
+    ``ci_hist`` {kind: [n_k, HIST_BINS]}.
+
+    params: the train state's params; tokens [B, T] int32; key: this batch's eval key (the
+    stochastic mask folds it per site).
+    """
+    spec = trainer.forward_spec
+    comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
+    clean = CleanRunner(spec, target, tokens)
+    clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+    ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+    threshold = trainer.pd.l0_threshold
+    rounded = {k: (v > threshold).astype(v.dtype) for k, v in ci_lower.items()}
+    # A numpy grid: the forward specializes to the decomposed sites at trace time (no
+    # per-layer branches); every decomposed site is live under every mask.
+    live = site_grid(trainer.decomposition) >= 0
+    ones, stochastic, rounded_mode = (MASKS.index(m) for m in ("ones", "stochastic", "rounded"))
+
+    def under_mask(mode: jax.Array) -> tuple[jax.Array, jax.Array]:
+        ci = {
+            k: jnp.where(mode == rounded_mode, rounded[k], jnp.where(mode == ones, 1.0, v))
+            for k, v in ci_lower.items()
+        }
+        logits = masked_forward(
+            spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            live=live,
+            routed=None,
+            key=key,
+            clean_stream=clean.stream,
+            source_scale=(mode == stochastic).astype(jnp.float32),
+        )
+        return cross_entropy(logits, tokens), kl_clean_masked(clean_logits, logits)
+
+    ce, kl = jax.lax.map(under_mask, jnp.arange(len(MASKS)))
+    out: dict[str, Any] = {"eval/ce_clean": cross_entropy(clean_logits, tokens)}
+    for i, mask in enumerate(MASKS):
+        out[f"eval/ce_{mask}"] = ce[i]
+        out[f"eval/kl_{mask}"] = kl[i]
+    out["l0"] = l0(ci_lower, threshold)
+    edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)
+    out["ci_hist"] = {
+        k: jax.vmap(lambda c: jnp.histogram(jnp.clip(c, 0.0, 1.0), bins=edges)[0])(v)
+        for k, v in ci_lower.items()
+    }
+    return out
+
+
+def eval_jit(trainer: Any) -> Any:
+    """``jit(eval_metrics)(params, target, tokens, key)``: :func:`batch_metrics` for ``trainer``,
+    with the trainer's compiler options."""
+
+    def eval_metrics(params: Any, target: Any, tokens: jax.Array, key: jax.Array) -> Any:
+        return batch_metrics(trainer, params, target, tokens, key)
+
+    return jax.jit(eval_metrics, compiler_options=trainer.compiler_options or None)
+
+
+def lower_eval(
+    trainer: Any, *, batch_size: int, seq_len: int, target_dtype: Any = jnp.bfloat16
+) -> Any:
+    """Lower the eval jit on abstract params, target, batch and key (allocates nothing), as
+    ``Trainer.lower_step`` does for the step."""
+    shape = (batch_size, seq_len)
+    tokens = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding(shape))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    if trainer.layout is not None:
+        key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
+    return eval_jit(trainer).lower(
+        trainer.abstract_state().params, trainer.abstract_target(target_dtype), tokens, key
+    )
+
+
 class Evaluator:
     """``evaluator(state, target, key=...) -> {name: value}`` over ``n_batches`` eval batches."""
 
@@ -48,46 +132,7 @@ class Evaluator:
         self.batches = batches
         self.n_batches = n_batches
         self.mesh = mesh
-        self._eval = jax.jit(self._batch_metrics)
-
-    def _batch_metrics(
-        self, params: Any, target: Any, tokens: jax.Array, key: jax.Array
-    ) -> dict[str, Any]:
-        trainer = self.trainer
-        spec = trainer.forward_spec
-        comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
-        clean = CleanRunner(spec, target, tokens)
-        clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-        ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
-        threshold = trainer.pd.l0_threshold
-        live = jnp.asarray(site_grid(trainer.decomposition) >= 0)
-        out: dict[str, Any] = {"eval/ce_clean": cross_entropy(clean_logits, tokens)}
-        for mask in MASKS:
-            sampling = {"ci": "zeros", "rounded": "zeros", "ones": "components_ones"}.get(
-                mask, spec.sampling
-            )
-            ci = ci_lower
-            if mask == "rounded":
-                ci = {k: (v > threshold).astype(v.dtype) for k, v in ci_lower.items()}
-            logits = masked_forward(
-                attrs.evolve(spec, sampling=sampling),
-                target=target,
-                tokens=tokens,
-                components=comps,
-                ci_lower=ci,
-                live=live,
-                routed=None,
-                key=key,
-            )
-            out[f"eval/ce_{mask}"] = cross_entropy(logits, tokens)
-            out[f"eval/kl_{mask}"] = kl_clean_masked(clean_logits, logits)
-        out["l0"] = l0(ci_lower, threshold)
-        edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)
-        out["ci_hist"] = {
-            k: jax.vmap(lambda c: jnp.histogram(jnp.clip(c, 0.0, 1.0), bins=edges)[0])(v)
-            for k, v in ci_lower.items()
-        }
-        return out
+        self._eval = eval_jit(trainer)
 
     def __call__(self, state: Any, target: Any, *, key: jax.Array) -> dict[str, Any]:
         sums: dict[str, float] = {}
