@@ -36,6 +36,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 import argparse
 import math
+import re
 import time
 from typing import NamedTuple
 
@@ -107,11 +108,18 @@ def trainer(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) -> Tra
 
 
 class Arm(NamedTuple):
-    """One compile: CPU and wall seconds of lower + compile, and the plan's chunk count."""
+    """One compile: CPU and wall seconds of lower + compile, the plan's chunk count, and the
+    number of fused kernels in the compiled module (XLA's ``fused_computation``s)."""
 
     cpu: float
     wall: float
     plan: int
+    kernels: int
+
+
+def count_kernels(compiled: jax.stages.Compiled) -> int:
+    """Fused computations in the optimized HLO: roughly the kernels the backend generated."""
+    return len(re.findall(r"^%?fused_computation[\w.]* ", compiled.as_text(), re.MULTILINE))
 
 
 def compile_arm(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) -> Arm:
@@ -119,8 +127,9 @@ def compile_arm(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) ->
     tr = trainer(layers, chunks, loop, mesh)
     n_chunks = next(iter(tr.plans.values())).n_chunks
     wall, cpu = time.perf_counter(), time.process_time()
-    tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
-    return Arm(time.process_time() - cpu, time.perf_counter() - wall, n_chunks)
+    compiled = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return Arm(cpu, wall, n_chunks, count_kernels(compiled))
 
 
 def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, steps: int) -> float:
@@ -146,7 +155,9 @@ def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, step
 
 
 def _cells(arm: Arm | None) -> str:
-    return f"{'skipped':>8} {'':>8}" if arm is None else f"{arm.cpu:>8.1f} {arm.wall:>8.1f}"
+    if arm is None:
+        return f"{'skipped':>8} {'':>8} {'':>7}"
+    return f"{arm.cpu:>8.1f} {arm.wall:>8.1f} {arm.kernels:>7}"
 
 
 def main() -> None:
@@ -204,13 +215,14 @@ def main() -> None:
     mixed = compile_arm(8, 8, "unroll-chunks", mesh)
 
     header = (
-        f"{'layers':>6} {'chunks':>6} {'plan':>5} | {'scan cpu':>8} {'wall':>8} | "
-        f"{'unroll':>8} {'wall':>8} | {'unroll/scan':>11}"
+        f"{'layers':>6} {'chunks':>6} {'plan':>5} | {'scan cpu':>8} {'wall':>8} {'kernels':>7} | "
+        f"{'unroll':>8} {'wall':>8} {'kernels':>7} | {'unroll/scan':>11}"
     )
     print()
     print("Step compile (lower + compile), seconds: CPU time of this process, and wall. Ratios use")
     print("CPU time, which other work on a shared machine disturbs least. plan = chunks in the")
-    print("recon plan (sites_per_chunk = ceil(7 * layers / chunks)).")
+    print("recon plan (sites_per_chunk = ceil(7 * layers / chunks)); kernels = fused computations")
+    print("in the compiled module.")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -219,8 +231,8 @@ def main() -> None:
         print(f"unroll arms skipped (budget {args.unroll_budget:.0f} CPU s): " + "; ".join(skipped))
     if ("scan", 8, 8) in arms:
         print(
-            f"8Lx8c, chunks unrolled but layers scanned: {mixed.cpu:.1f} CPU s "
-            f"({mixed.cpu / arms['scan', 8, 8].cpu:.1f}x scan)"
+            f"8Lx8c, chunks unrolled but layers scanned: {mixed.cpu:.1f} CPU s, "
+            f"{mixed.kernels} kernels ({mixed.cpu / arms['scan', 8, 8].cpu:.1f}x scan)"
         )
 
     t_scan = step_time(8, 8, "scan", mesh, args.steps)
