@@ -1,10 +1,9 @@
 """Why unrolled identical work compiles cheaply on XLA:CPU: identical fused kernels are reused.
 
 One jit sums ``n`` independent copies of a small block (six matmul + elementwise stages on
-[64, 64]). In the ``identical`` arm every copy is the same computation (same constants) on its own input;
-in the ``distinct`` arm each copy scales by its own constant, so no two copies' kernels are
-equal.
-Compile only, CPU seconds. If the backend compiled every kernel afresh, both arms would cost the
+[64, 64]). In the ``identical`` arm every copy is the same computation (same constants) on its
+own input; in the ``distinct`` arm each copy scales by its own constant, so no two copies'
+kernels are equal. Compile only, CPU seconds. If the backend compiled every kernel afresh, both arms would cost the
 same; the gap is what kernel reuse saves. It is why the step benchmark's unrolled chunks cost
 little on CPU (each unrolled chunk repeats the layers of the others) and why its unroll/scan
 ratio at 8 layers x 8 chunks is far below the original system's.
