@@ -17,7 +17,6 @@ wrapper types in the state) on every hand-over to the trainer and the checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -98,9 +97,7 @@ class LlamaForCausalLM(nn.Module):
         params = self.param_tree()
         if self.dtype is not None:
             params = jax.tree_util.tree_map(lambda a: a.astype(self.dtype), params)
-        if self.linear is None:
-            return llama.forward(params, tokens, self.config)
-        return _forward_with_linear(params, tokens, self.config, self.linear)
+        return llama.forward(params, tokens, self.config, linear=self.linear)
 
     def param_tree(self) -> dict[str, Any]:
         """The parameters as one dict (``init`` creates them in ``param_dtype``).
@@ -113,17 +110,3 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.tie_word_embeddings:
             params["lm_head"] = self.lm_head
         return params
-
-
-def _forward_with_linear(
-    params: dict[str, Any], tokens: jax.Array, config: LlamaConfig, linear: llama.Linear
-) -> jax.Array:
-    """:func:`llama.forward` with every layer matmul routed through ``linear``."""
-    h = llama.embed(params, tokens)
-    cos, sin = llama.rope_cos_sin(config, tokens.shape[1], h.dtype)
-
-    def body(carry: jax.Array, layer: Mapping[str, jax.Array]) -> tuple[jax.Array, None]:
-        return llama.decoder_layer(carry, layer, cos, sin, config, linear), None
-
-    h, _ = jax.lax.scan(body, h, params["layers"])
-    return llama.unembed(params, h, config)

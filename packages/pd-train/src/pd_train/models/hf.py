@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from pd_train._config_io import FieldValueError
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 
 __all__ = [
@@ -108,6 +109,9 @@ def llama_config_from_hf(d: Mapping[str, Any]) -> LlamaConfig:
     def bad(field: str, value: Any, allowed: str) -> CheckpointError:
         return CheckpointError(f"checkpoint config: {field} is {value!r}; pd supports {allowed}")
 
+    def refused(field: str, error: FieldValueError) -> CheckpointError:
+        return CheckpointError(f"checkpoint config: {field}: {error.message}")
+
     archs = d.get("architectures")
     if archs is not None and list(archs) != ["LlamaForCausalLM"]:
         raise bad("architectures", archs, "['LlamaForCausalLM']")
@@ -151,46 +155,43 @@ def llama_config_from_hf(d: Mapping[str, Any]) -> LlamaConfig:
             "original_max_position_embeddings",
             rope.get("original_max_position_embeddings", max_pos),
         )
-        scaling = RopeScaling(
-            factor=float(rope["factor"]),
-            low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(original),
-        )
-        if scaling.low_freq_factor >= scaling.high_freq_factor:
-            raise bad(
-                f"{rope_field}.low_freq_factor",
-                scaling.low_freq_factor,
-                f"a value below high_freq_factor ({scaling.high_freq_factor})",
+        try:
+            scaling = RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(original),
             )
+        except FieldValueError as e:
+            top_level = e.field == "original_max_position_embeddings" and e.field in d
+            raise refused(e.field if top_level else f"{rope_field}.{e.field}", e) from None
 
     heads = int(d["num_attention_heads"])
     kv_heads = d.get("num_key_value_heads")
     kv_heads = heads if kv_heads is None else int(kv_heads)
-    if heads % kv_heads:
-        raise bad("num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})")
     head_dim = d.get("head_dim")
-    hidden = int(d["hidden_size"])
-    if head_dim is None and hidden % heads:
-        raise bad(
-            "hidden_size",
-            hidden,
-            f"a multiple of num_attention_heads ({heads}) when head_dim is unset",
+    # LlamaConfig checks sizes, divisibility and the RoPE head dim; its field names are the
+    # config.json keys, except rope_theta read from inside the rope dict.
+    try:
+        return LlamaConfig(
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=None if head_dim is None else int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"])),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            max_position_embeddings=int(max_pos),
+            tie_word_embeddings=bool(
+                d.get("tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"])
+            ),
         )
-    return LlamaConfig(
-        vocab_size=int(d["vocab_size"]),
-        hidden_size=hidden,
-        intermediate_size=int(d["intermediate_size"]),
-        num_hidden_layers=int(d["num_hidden_layers"]),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=None if head_dim is None else int(head_dim),
-        rms_norm_eps=float(d.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"])),
-        rope_theta=float(rope_theta),
-        rope_scaling=scaling,
-        max_position_embeddings=int(max_pos),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"])),
-    )
+    except FieldValueError as e:
+        in_rope = e.field == "rope_theta" and "rope_theta" in rope
+        raise refused(f"{rope_field}.{e.field}" if in_rope else e.field, e) from None
 
 
 # ---------------------------------------------------------------------------------------------

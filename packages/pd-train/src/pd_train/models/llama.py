@@ -215,14 +215,21 @@ def unembed(params: Params, h: jax.Array, config: LlamaConfig) -> jax.Array:
     return x @ head.astype(x.dtype)
 
 
-def forward(params: Params, tokens: jax.Array, config: LlamaConfig) -> jax.Array:
+def forward(
+    params: Params, tokens: jax.Array, config: LlamaConfig, *, linear: Linear | None = None
+) -> jax.Array:
     """The plain target: tokens [B, T] -> logits [B, T, vocab], in the parameters' dtype,
-    positions 0..T-1, causal. Layers run under one ``lax.scan``."""
+    positions 0..T-1, causal. Layers run under one ``lax.scan``.
+
+    ``linear(kind, x, w)`` replaces each layer's seven matmuls (see :func:`decoder_layer`);
+    None is the frozen ``x @ w``. The embedding and LM head never go through it.
+    """
+    layer_linear = _frozen_linear if linear is None else linear
     h = embed(params, tokens)
     cos, sin = rope_cos_sin(config, tokens.shape[1], h.dtype)
 
     def body(carry: jax.Array, layer: Mapping[str, jax.Array]) -> tuple[jax.Array, None]:
-        return decoder_layer(carry, layer, cos, sin, config), None
+        return decoder_layer(carry, layer, cos, sin, config, layer_linear), None
 
     h, _ = jax.lax.scan(body, h, params["layers"])
     return unembed(params, h, config)

@@ -1,18 +1,65 @@
-"""Architecture hyper-parameters of a Llama-family target, named as Hugging Face names them."""
+"""Architecture hyper-parameters of a Llama-family target, named as Hugging Face names them.
+
+Both classes check themselves on construction (hand-built, from a preset or from a Hugging Face
+``config.json``): a bad value raises :class:`~pd_train._config_io.FieldValueError` naming the
+field, the value and what is allowed, instead of failing later inside a traced reshape.
+"""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Callable
+from typing import Any
+
 import attrs
+
+from pd_train._config_io import FieldValueError
+
+
+def _check(ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
+    def validate(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        if not ok(value):
+            msg = f"got {value!r}; must be {allowed}"
+            raise FieldValueError(attribute.name, msg)
+
+    return validate
+
+
+# bool is an Integral (and Real) in Python but never a size here; numpy ints and floats pass.
+def _is_number(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+_positive_int = _check(lambda v: _is_number(v, numbers.Integral) and v > 0, "an int > 0")
+_optional_positive_int = _check(
+    lambda v: v is None or (_is_number(v, numbers.Integral) and v > 0), "null or an int > 0"
+)
+_positive_float = _check(lambda v: _is_number(v, numbers.Real) and v > 0, "a number > 0")
+_bool = _check(lambda v: isinstance(v, bool), "true or false")
 
 
 @attrs.frozen(kw_only=True)
 class RopeScaling:
-    """Llama-3 RoPE frequency scaling (Hugging Face ``rope_type: llama3``)."""
+    """Llama-3 RoPE frequency scaling (Hugging Face ``rope_type: llama3``).
 
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    Wavelengths above ``original_max_position_embeddings / low_freq_factor`` are slowed by
+    ``factor``, those below ``... / high_freq_factor`` kept, the band between interpolated; so
+    ``0 < low_freq_factor < high_freq_factor``.
+    """
+
+    factor: float = attrs.field(default=8.0, validator=_positive_float)
+    low_freq_factor: float = attrs.field(default=1.0, validator=_positive_float)
+    high_freq_factor: float = attrs.field(default=4.0, validator=_positive_float)
+    original_max_position_embeddings: int = attrs.field(default=8192, validator=_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        # Equal factors would divide by zero in the band interpolation.
+        if self.high_freq_factor <= self.low_freq_factor:
+            msg = (
+                f"got {self.high_freq_factor!r}; must be greater than low_freq_factor "
+                f"({self.low_freq_factor!r})"
+            )
+            raise FieldValueError("high_freq_factor", msg)
 
 
 @attrs.frozen(kw_only=True)
@@ -22,20 +69,53 @@ class LlamaConfig:
     Weight layout (right-multiplied, ``x @ W``): ``q_proj`` [hidden, heads*head_dim],
     ``k_proj``/``v_proj`` [hidden, kv_heads*head_dim], ``o_proj`` [heads*head_dim, hidden],
     ``gate_proj``/``up_proj`` [hidden, intermediate], ``down_proj`` [intermediate, hidden].
+
+    Checked on construction: every size is an int > 0, ``rms_norm_eps``, ``rope_theta`` > 0;
+    ``num_key_value_heads`` divides ``num_attention_heads`` (grouped-query attention);
+    without ``head_dim``, ``num_attention_heads`` divides ``hidden_size``; the head dim is even
+    (rotate-half RoPE).
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 500_000.0
-    rope_scaling: RopeScaling | None = None
-    max_position_embeddings: int = 8192
-    tie_word_embeddings: bool = False
+    vocab_size: int = attrs.field(validator=_positive_int)
+    hidden_size: int = attrs.field(validator=_positive_int)
+    intermediate_size: int = attrs.field(validator=_positive_int)
+    num_hidden_layers: int = attrs.field(validator=_positive_int)
+    num_attention_heads: int = attrs.field(validator=_positive_int)
+    num_key_value_heads: int = attrs.field(validator=_positive_int)
+    head_dim: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    rms_norm_eps: float = attrs.field(default=1e-5, validator=_positive_float)
+    rope_theta: float = attrs.field(default=500_000.0, validator=_positive_float)
+    rope_scaling: RopeScaling | None = attrs.field(
+        default=None,
+        validator=_check(
+            lambda v: v is None or isinstance(v, RopeScaling), "null or a RopeScaling"
+        ),
+    )
+    max_position_embeddings: int = attrs.field(default=8192, validator=_positive_int)
+    tie_word_embeddings: bool = attrs.field(default=False, validator=_bool)
+
+    def __attrs_post_init__(self) -> None:
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if heads % kv_heads:
+            msg = f"got {kv_heads!r}; must divide num_attention_heads ({heads!r})"
+            raise FieldValueError("num_key_value_heads", msg)
+        if self.head_dim is None:
+            if self.hidden_size % heads:
+                msg = (
+                    f"got {self.hidden_size!r}; must be a multiple of num_attention_heads "
+                    f"({heads!r}) when head_dim is unset"
+                )
+                raise FieldValueError("hidden_size", msg)
+            if (self.hidden_size // heads) % 2:
+                msg = (
+                    f"got {self.hidden_size!r}; with head_dim unset, hidden_size / "
+                    f"num_attention_heads ({heads!r}) is the head dim "
+                    f"{self.hidden_size // heads}, which must be even (rotate-half RoPE)"
+                )
+                raise FieldValueError("hidden_size", msg)
+        elif self.head_dim % 2:
+            msg = f"got {self.head_dim!r}; must be even (rotate-half RoPE)"
+            raise FieldValueError("head_dim", msg)
 
     @property
     def resolved_head_dim(self) -> int:
