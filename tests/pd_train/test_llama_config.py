@@ -191,5 +191,5 @@ def test_bad_architecture_override_reaches_the_cli_user(
     argv = ["run", str(config_file), "--set", "target.architecture.hidden_size=30"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "target.architecture: checkpoint config: hidden_size: got 30" in err, err
+    assert "target.architecture: hidden_size: got 30" in err, err
     assert not (tmp_path / "runs").exists()

@@ -122,7 +122,9 @@ def target_architecture(target: TargetConfig, *, base: Path | None = None) -> Ll
         try:
             return llama_config_from_hf(arch)
         except ValueError as exc:
-            raise ConfigError([("target.architecture", str(exc))]) from None
+            # The mapping came from this config, not from a checkpoint's config.json.
+            msg = str(exc).removeprefix("checkpoint config: ")
+            raise ConfigError([("target.architecture", msg)]) from None
     if target.checkpoint is None:
         msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
         raise ConfigError([("target.architecture", msg)])
