@@ -22,7 +22,14 @@ from pd_train.config import (
     PDConfig,
 )
 from pd_train.data import Batches, TokenDataset
-from pd_train.evaluate import HIST_BINS, MASKS, Evaluator, batch_metrics, lower_eval
+from pd_train.evaluate import (
+    HIST_BINS,
+    MASKS,
+    Evaluator,
+    batch_metrics,
+    ci_histogram,
+    lower_eval,
+)
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import masks, sample_source
@@ -223,3 +230,20 @@ def test_lower_eval_on_abstract_inputs_with_a_mesh() -> None:
     shapes = jax.tree.map(lambda a: a.shape, compiled.out_info)
     assert shapes["eval/kl_stochastic"] == ()
     assert shapes["ci_hist"]["down_proj"] == (2, HIST_BINS)
+
+
+def test_ci_histogram_equals_jnp_histogram() -> None:
+    """The bins of ``jnp.histogram`` over the same edges (what the evaluator used before):
+    values on every edge, below 0 and above 1 (clipped first) included; exact int32 counts."""
+    edges = np.asarray(jnp.linspace(0.0, 1.0, HIST_BINS + 1))
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(-0.2, 1.2, 1005), edges, edges, [0.0, 1.0, 1.0]])
+    ci = values.astype(np.float32).reshape(1, 1, -1, 7) * np.ones((3, 1, 1, 1), np.float32)
+    ci[1] = 0.5  # a site with every value in one bin
+    counts = np.asarray(ci_histogram(jnp.asarray(ci)))
+    assert counts.dtype == np.int32
+    for site in range(3):
+        clipped = jnp.clip(jnp.asarray(ci[site]), 0.0, 1.0)
+        expected = jnp.histogram(clipped, bins=jnp.asarray(edges))[0]
+        np.testing.assert_array_equal(counts[site], np.asarray(expected))
+    assert counts[1, HIST_BINS // 2] == ci[1].size

@@ -91,12 +91,22 @@ def batch_metrics(
         out[f"eval/ce_{mask}"] = ce[i]
         out[f"eval/kl_{mask}"] = kl[i]
     out["l0"] = l0(ci_lower, threshold)
-    edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)
-    out["ci_hist"] = {
-        k: jax.vmap(lambda c: jnp.histogram(jnp.clip(c, 0.0, 1.0), bins=edges)[0])(v)
-        for k, v in ci_lower.items()
-    }
+    out["ci_hist"] = {k: ci_histogram(v) for k, v in ci_lower.items()}
     return out
+
+
+def ci_histogram(ci: jax.Array) -> jax.Array:
+    """Per site, counts [n_k, HIST_BINS] (int32) of ci [n_k, B, T, C] clipped to [0, 1], in
+    HIST_BINS equal bins; a bin holds [left, right), the last also 1.
+
+    The bins of ``jnp.histogram`` with the same edges, counted as differences of "at least this
+    edge" counts: a few fused reductions, where ``jnp.histogram``'s search and scatter cost
+    about a tenth of the eval jit's compile time; int32, so counts stay exact past 2**24.
+    """
+    edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)
+    c = jnp.clip(ci, 0.0, 1.0).reshape(ci.shape[0], -1)
+    at_least = jnp.sum(c[..., None] >= edges[:-1], axis=1, dtype=jnp.int32)  # [n_k, HIST_BINS]
+    return at_least - jnp.pad(at_least[:, 1:], ((0, 0), (0, 1)))
 
 
 def eval_jit(trainer: Any) -> Any:
