@@ -192,3 +192,134 @@ def test_hlo_dump_writes_files_only_when_on(
     assert any("train_step" in name for name in dumped), dumped[:10]
     record = json.loads((run_dir / "compile.json").read_text())
     assert record["cache_dir"] is None  # the dump run bypasses the persistent cache
+
+
+# ---------------------------------------------------------------------------------------------
+# `pd-train run --run-dir D` into a directory that already holds a run
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def _prepared(tmp: Path, cache: Path, **pd_overrides: Any) -> Any:
+    from pd_train.run import prepare
+
+    return prepare(tiny_config(tmp, cache, **pd_overrides))
+
+
+def _run_dir_with(
+    tmp: Path, config: Any, *, checkpoints: bool = False, metrics: bool = False
+) -> Path:
+    from pd_train.run_config import to_yaml
+
+    run_dir = tmp / "existing"
+    run_dir.mkdir(parents=True)
+    if config is not None:
+        (run_dir / "config.yaml").write_text(to_yaml(config))
+    if checkpoints:
+        (run_dir / "checkpoints" / "4").mkdir(parents=True)
+    if metrics:
+        (run_dir / "metrics.jsonl").write_text('{"step": 0, "phase": "train"}\n')
+    return run_dir
+
+
+def test_run_dir_decision_table(tmp_path: Path, cache: Path) -> None:
+    from pd_train.run import RunDirError, resolve_run_dir
+
+    prepared = _prepared(tmp_path, cache)
+    config = prepared.config
+    other = _prepared(tmp_path, cache, steps=16).config
+
+    def decide(run_dir: Path) -> Path | None:
+        return resolve_run_dir(prepared, run_dir).resume_dir
+
+    assert decide(tmp_path / "absent") is None
+    (tmp_path / "empty").mkdir()
+    assert decide(tmp_path / "empty") is None
+    # Same config: resume when there is a checkpoint, else a start from step 0.
+    same = _run_dir_with(tmp_path / "a", config, checkpoints=True, metrics=True)
+    assert decide(same) == same
+    assert decide(_run_dir_with(tmp_path / "b", config)) is None  # pd-train submit's first start
+    assert decide(_run_dir_with(tmp_path / "c", config, metrics=True)) is None
+    # Another config, or a run without its config: refused, with the way out.
+    for run_dir, expected in (
+        (_run_dir_with(tmp_path / "d", other, checkpoints=True), "pd.steps: 16 there, 8 here"),
+        (_run_dir_with(tmp_path / "e", other), "another config"),
+        (_run_dir_with(tmp_path / "f", None, checkpoints=True), "checkpoints at steps [4]"),
+        (_run_dir_with(tmp_path / "g", None, metrics=True), "no config.yaml"),
+    ):
+        before = _snapshot(run_dir)
+        with pytest.raises(RunDirError, match="--resume") as info:
+            decide(run_dir)
+        assert expected in str(info.value)
+        assert _snapshot(run_dir) == before
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError, match="is a file"):
+        decide(tmp_path / "file")
+
+
+def test_resume_needs_a_checkpoint_and_its_own_run_dir(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pd_train.cli import main
+
+    config = _prepared(tmp_path, cache).config
+    fresh = _run_dir_with(tmp_path / "a", config)  # e.g. submitted, not started yet
+    assert main(["run", "--resume", str(fresh)]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint there yet" in err and f"--run-dir {fresh}" in err
+    started = _run_dir_with(tmp_path / "b", config, checkpoints=True)
+    assert main(["run", "--resume", str(started), "--run-dir", str(tmp_path / "c")]) == 2
+    assert "names another" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_run_dir_of_another_run_is_refused_and_left_untouched(
+    uninterrupted: Path, tmp_path: Path, cache: Path
+) -> None:
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    before = _snapshot(run_dir)
+    config = write_config(tmp_path, tiny_config(tmp_path, cache))
+    proc = _cli("run", str(config), "--set", "pd.steps=6", "--run-dir", str(run_dir))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-3000:]
+    assert f"pd-train run --resume {run_dir}" in out
+    assert "pd.steps: 8 there, 6 here" in out
+    assert _snapshot(run_dir) == before
+
+
+@pytest.mark.slow
+def test_run_dir_of_the_same_run_restarts_then_resumes_bit_exactly(
+    uninterrupted: Path, tmp_path: Path, cache: Path
+) -> None:
+    """An attempt that died before its first checkpoint left config.yaml and metrics: the same
+    command starts over (the old metrics kept aside), and once a checkpoint exists, the same
+    command again resumes from it — every step logged once, losses equal to an uninterrupted
+    run's."""
+    config_dict = tiny_config(tmp_path, cache)
+    config = write_config(tmp_path, config_dict)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(config.read_text())
+    died = '{"step": -3, "phase": "warmup", "time": 0.0, "loss/faithfulness": 1.0}\n'
+    (run_dir / "metrics.jsonl").write_text(died)
+
+    _finish(_cli("run", str(config), "--run-dir", str(run_dir), "--max-steps", "4"))
+    kept = list(run_dir.glob("metrics-attempt-*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text() == died
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == ["4"]
+
+    out = _finish(_cli("run", str(config), "--run-dir", str(run_dir)))
+    assert "resuming" in out
+    records = read_metrics(run_dir)
+    keys = [(r["phase"], r["step"]) for r in records if r["phase"] in ("warmup", "train")]
+    assert len(keys) == len(set(keys)), keys  # nothing logged twice
+    assert [s for p, s in keys if p == "warmup"] == [-3, -2, -1]
+    assert train_losses(run_dir) == train_losses(uninterrupted)

@@ -62,9 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run or resume a decomposition")
     _add_config_args(p, optional=True)
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR")
     p.add_argument(
-        "--run-dir", type=Path, help="write the run here (default: output_dir/NAME-TIME)"
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its latest checkpoint, with its saved config.yaml",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help=(
+            "write the run here (default: output_dir/NAME-TIME). If RUN_DIR already holds a run "
+            "with the same config, it resumes from the latest checkpoint (or starts from step 0 "
+            "if none was saved); a run with another config is refused (exit 2) and left "
+            "untouched: continue it with --resume RUN_DIR or pick another directory"
+        ),
     )
     p.add_argument("--max-steps", type=int, help="stop after this step (the schedule stays)")
     p.add_argument(
@@ -148,9 +160,19 @@ def _run(args: argparse.Namespace) -> int:
     if resume is not None:
         if args.overrides:
             return _fail("--resume takes the run's saved config; --set is not allowed with it")
+        if args.run_dir is not None and args.run_dir.absolute() != resume.absolute():
+            return _fail(
+                f"--resume {resume} continues the run in its own dir; --run-dir {args.run_dir} "
+                "names another (leave --run-dir out)"
+            )
         source: str | Path = resume / runner.CONFIG_FILE
         if not Path(source).is_file():
             return _fail(f"--resume {resume}: no {runner.CONFIG_FILE} there; not a run dir")
+        if not runner.checkpoint_steps(resume):
+            return _fail(
+                f"--resume {resume}: no checkpoint there yet; start the run with "
+                f"`pd-train run {source} --run-dir {resume}`"
+            )
     else:
         source = config_source(args.config)
     try:
@@ -169,6 +191,11 @@ def _run(args: argparse.Namespace) -> int:
         raise
     prepared = runner.prepare(source, args.overrides, resume_dir=resume)
     run_dir = resume or args.run_dir or runner.new_run_dir(prepared.config, base=prepared.base)
+    if resume is None and args.run_dir is not None:
+        try:
+            prepared = runner.resolve_run_dir(prepared, run_dir)
+        except runner.RunDirError as exc:
+            return _fail(str(exc))
     rt = runner.start_runtime(prepared, placement, run_dir=run_dir)
     result = runner.execute(rt, run_dir=run_dir, max_steps=args.max_steps)
     if placement.is_primary:
