@@ -261,6 +261,24 @@ def test_run_dir_decision_table(tmp_path: Path, cache: Path) -> None:
         decide(tmp_path / "file")
 
 
+def test_saved_config_keeps_relative_paths_working_from_the_run_dir(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A config with a config-relative data path: the copy saved in the run dir must still find
+    the data, or ``--resume`` (which reads that copy, relative to the run dir) would fail."""
+    from pd_train.run import prepare
+    from pd_train.run_config import to_yaml
+
+    raw = tiny_config(tmp_path, cache)
+    raw["data"]["path"] = "tokens.npy"  # next to the config
+    prepared = prepare(write_config(tmp_path, raw))
+    assert Path(prepared.config.data.path) == tmp_path / "tokens.npy"
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(prepared.config))
+    assert prepare(run_dir / "config.yaml").config == prepared.config
+
+
 def test_resume_needs_a_checkpoint_and_its_own_run_dir(
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

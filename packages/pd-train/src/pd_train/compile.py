@@ -60,6 +60,20 @@ def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
             ),
         )
     )
+    if config.cadence.eval_every:
+        from pd_train import evaluate
+
+        jits.append(
+            (
+                "eval_metrics",
+                lambda: evaluate.lower_eval(
+                    trainer,
+                    batch_size=config.pd.batch_size,
+                    seq_len=config.data.seq_len,
+                    target_dtype=target_dtype,
+                ),
+            )
+        )
     return jits
 
 

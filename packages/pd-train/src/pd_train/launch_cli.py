@@ -36,8 +36,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 if TYPE_CHECKING:
     from pd_launch import JobSpec
     from pd_train.launch_config import LaunchConfig
@@ -176,27 +174,6 @@ def _launch_problems(config: Config) -> list[tuple[str, str]]:
         )
         problems.append(("launch.tasks_per_node", msg))
     return problems
-
-
-def _absolute_paths(config: Config, base: Path | None) -> Config:
-    """``config`` with config-relative file paths made absolute: the saved copy lives in the
-    run dir, where a relative path would point somewhere else."""
-    from pd_train.run_config import BUILTIN_PREFIX
-
-    if base is None:
-        return config
-
-    def fix(value: str | None) -> str | None:
-        if value is None or value.startswith(BUILTIN_PREFIX):
-            return value
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else base / path)
-
-    target = attrs.evolve(config.target, checkpoint=fix(config.target.checkpoint))
-    data = attrs.evolve(
-        config.data, path=fix(config.data.path), eval_path=fix(config.data.eval_path)
-    )
-    return attrs.evolve(config, target=target, data=data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,7 +322,7 @@ def _submit(args: argparse.Namespace) -> int:
             raise ConfigError(problems, source=args.config)
     except ConfigError as exc:
         raise SubmitError(str(exc), code=2) from None
-    config = _absolute_paths(prepared.config, prepared.base)
+    config = prepared.config  # prepare() made its paths absolute
     cwd = Path.cwd()
     if args.run_dir is not None:
         run_dir = args.run_dir.expanduser().absolute()

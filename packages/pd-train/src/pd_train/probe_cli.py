@@ -73,8 +73,6 @@ the loss and the gradient norms, since scan and unroll must agree on both."""
 INIT_FIELD = "runtime.init"
 """The init switch (``stacked`` | ``per_array``); init arms exist only if the schema has it."""
 
-_PATH_FIELDS = (("target", "checkpoint"), ("data", "path"), ("data", "eval_path"))
-
 
 class ProbeInputError(ValueError):
     """Bad input to ``pd-train probe`` (arguments, a base config that cannot be probed)."""
@@ -96,20 +94,6 @@ def validator(*, for_run: bool = False) -> Callable[[dict[str, Any]], Prepared]:
     return validate
 
 
-def _absolute(raw: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    """Relative file paths resolved against the config's directory: an arm's config lives in
-    the probe dir, where they would point elsewhere."""
-    if base is None:
-        return raw
-    for section, key in _PATH_FIELDS:
-        value = raw.get(section, {}).get(key)
-        if isinstance(value, str) and not value.startswith("builtin:"):
-            path = Path(value).expanduser()
-            if not path.is_absolute():
-                raw[section][key] = str(base / path)
-    return raw
-
-
 def load_base(
     source: str | Path | dict[str, Any], overrides: Sequence[str] = (), *, for_run: bool = False
 ) -> tuple[dict[str, Any], Prepared]:
@@ -120,7 +104,7 @@ def load_base(
     from pd_train.run import prepare
 
     prepared = prepare(source, overrides, for_run=for_run)
-    return _absolute(unstructure(prepared.config), prepared.base), prepared
+    return unstructure(prepared.config), prepared  # prepare() made its paths absolute
 
 
 def _decomposition(prepared: Prepared) -> Any:

@@ -31,7 +31,14 @@ from typing import Any
 
 from pd_train._config_io import ConfigError
 from pd_train.distributed import Placement
-from pd_train.run_config import Config, load_config, resolve_path, target_architecture, to_yaml
+from pd_train.run_config import (
+    Config,
+    absolute_paths,
+    load_config,
+    resolve_path,
+    target_architecture,
+    to_yaml,
+)
 
 log = logging.getLogger("pd_train")
 
@@ -72,6 +79,7 @@ def prepare(
 
     config, raw = load_config(source, overrides)
     base = None if isinstance(source, dict) else Path(source).absolute().parent
+    config = absolute_paths(config, base)
     problems: list[tuple[str, str]] = []
 
     def attempt(fn: Any) -> Any:

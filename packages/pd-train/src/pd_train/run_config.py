@@ -138,6 +138,26 @@ def target_architecture(target: TargetConfig, *, base: Path | None = None) -> Ll
         raise ConfigError([("target.checkpoint", str(exc))]) from None
 
 
+def absolute_paths(config: Config, base: Path | None) -> Config:
+    """``config`` with its relative file paths (checkpoint, data, eval data) made absolute
+    against ``base``, the config's directory: a run saves its config in the run dir, where a
+    relative path would point somewhere else. ``builtin:`` assets stay as they are."""
+    if base is None:
+        return config
+
+    def fix(value: str | None) -> str | None:
+        if value is None or value.startswith(BUILTIN_PREFIX):
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else base / path)
+
+    target = attrs.evolve(config.target, checkpoint=fix(config.target.checkpoint))
+    data = attrs.evolve(
+        config.data, path=fix(config.data.path), eval_path=fix(config.data.eval_path)
+    )
+    return attrs.evolve(config, target=target, data=data)
+
+
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
