@@ -376,3 +376,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError([("", f"expected a mapping at the top, got {raw!r}")], source=str(path))
     return raw
+
+
+def add_override_argument(
+    parser: Any, *, example: str = "pd.steps=100", what: str = "a field"
+) -> None:
+    """``--set PATH=VALUE`` (repeatable) on an argparse parser, collected in ``overrides`` for
+    :func:`apply_overrides`; every subcommand that reads a config takes it the same way."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help=f"override {what}, e.g. --set {example} (repeatable)",
+    )

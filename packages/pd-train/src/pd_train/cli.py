@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pd_train import __version__
+from pd_train._config_io import add_override_argument
 
 DEFAULT_CONFIG = "builtin:default"
 
@@ -30,14 +31,7 @@ def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False)
         default=DEFAULT_CONFIG if optional else None,
         help="YAML config (builtin:default names the embedded tiny decomposition)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a field, e.g. --set pd.steps=100 (repeatable)",
-    )
+    add_override_argument(parser)
 
 
 def _add_device_args(parser: argparse.ArgumentParser) -> None:

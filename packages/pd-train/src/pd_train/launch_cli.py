@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pd_train._config_io import add_override_argument
+
 if TYPE_CHECKING:
     from pd_launch import JobSpec
     from pd_train.launch_config import LaunchConfig
@@ -77,14 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("config", help="YAML config (builtin:NAME names a shipped one)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a field, e.g. --set launch.nodes=2 (repeatable)",
-    )
+    add_override_argument(p, example="launch.nodes=2")
     p.add_argument(
         "--run-dir", type=Path, help="create the run here (default: output_dir/RUN_NAME-TIME)"
     )

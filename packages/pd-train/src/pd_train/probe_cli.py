@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pd_train._config_io import add_override_argument
 from pd_train.run import COMPILE_FILE, Prepared
 
 __all__ = [
@@ -481,14 +482,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_PROBE_CONFIG,
         help=f"base YAML config (default {DEFAULT_PROBE_CONFIG}; builtin:NAME for a shipped one)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a field of the base config (repeatable)",
-    )
+    add_override_argument(p, what="a field of the base config")
     p.add_argument(
         "--arms",
         action="append",
