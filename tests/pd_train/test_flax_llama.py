@@ -26,6 +26,8 @@ from pd_train.models.hf import load_llama_checkpoint
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 from pd_train.step import Trainer
 
+from .test_recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
+
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_ATOL = 1e-4  # as test_hf_reference.py
 # Less LLVM optimization for the init and trainer jits: Flax draws each parameter with its own RNG
@@ -223,14 +225,7 @@ def test_logits_match_transformers_through_the_module(name: str) -> None:
 
 @pytest.mark.slow  # compiles pd-init's stacked init and the loss: ~8 CPU seconds
 def test_init_params_are_a_trainer_target() -> None:
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    config = TINY_MODEL
     pd = PDConfig(
         steps=10,
         decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.*", C=4),),

@@ -24,21 +24,13 @@ from pd_train.config import (
     PDConfig,
     RuntimeConfig,
 )
-from pd_train.models.llama_config import LlamaConfig
 from pd_train.run import prepare
 from pd_train.run_config import load_config
 from pd_train.step import Trainer
 
+from .test_recon import MODEL  # the tiny two-layer Llama the step tests use
 from .test_run import tiny_config
 
-MODEL = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
 PD = PDConfig(
     steps=10,
     # Two kinds of different shapes over both layers: every pd-init group is a fixed ~0.3 s
