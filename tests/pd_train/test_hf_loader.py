@@ -212,7 +212,7 @@ def test_llama3_original_context_falls_back_to_max_position_embeddings():
             {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
             ["rope_scaling.rope_type", "yarn"],
         ),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, ["rope_scaling.rope_type", "linear"]),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, ["rope_scaling.type", "linear"]),
         (
             {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}},
             ["rope_parameters.rope_type", "dynamic"],

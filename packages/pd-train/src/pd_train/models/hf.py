@@ -20,6 +20,10 @@ full host copy of a sharded array. torch is not needed.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import numbers
+import re
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,6 +41,8 @@ from pd_train.models.llama_config import LlamaConfig, RopeScaling
 
 __all__ = [
     "CheckpointError",
+    "HFConfig",
+    "HFConfigError",
     "llama_config_from_hf",
     "llama_param_shapes",
     "load_llama_checkpoint",
@@ -60,6 +66,8 @@ _REQUIRED = (
     "num_attention_heads",
 )
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor")
+log = logging.getLogger(__name__)
+_ABSENT = object()  # a required field: no default
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -71,127 +79,247 @@ class CheckpointError(ValueError):
     """A checkpoint directory or its config.json that pd cannot load as a Llama target."""
 
 
+class HFConfigError(CheckpointError):
+    """A ``config.json`` field pd refuses. ``field`` is its name as the file spells it (dotted
+    inside ``rope_scaling``/``rope_parameters``); ``file`` the config.json, when there is one."""
+
+    def __init__(self, field: str, message: str, *, file: str | Path | None = None) -> None:
+        self.field = field
+        self.message = message
+        self.file = None if file is None else str(file)
+        where = f"{file}: " if file is not None else ""
+        super().__init__(f"checkpoint config: {where}{field}: {message}")
+
+
+class HFConfig(dict[str, Any]):
+    """A parsed ``config.json``: a plain dict that remembers its file (``path``), so errors
+    raised from its fields name the file."""
+
+    path: str | None = None
+
+
 # ---------------------------------------------------------------------------------------------
 # config.json
 
 
-def read_hf_config(path: str | Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of a checkpoint directory (or of the file itself)."""
+def read_hf_config(path: str | Path) -> HFConfig:
+    """The parsed ``config.json`` of a checkpoint directory (or of the file itself), as an
+    :class:`HFConfig` dict that :func:`llama_config_from_hf` names in its errors."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         msg = f"checkpoint config: {file} does not exist (a Hugging Face checkpoint directory holds config.json)"
         raise CheckpointError(msg)
     try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         msg = f"checkpoint config: {file} is not valid JSON ({e})"
         raise CheckpointError(msg) from e
     if not isinstance(data, dict):
-        msg = f"checkpoint config: {file} holds a {type(data).__name__}, expected a JSON object"
+        msg = f"checkpoint config: {file} holds {_json_kind(data)}, expected a JSON object"
         raise CheckpointError(msg)
-    return data
+    config = HFConfig(data)
+    config.path = str(file)
+    return config
 
 
-def llama_config_from_hf(d: Mapping[str, Any]) -> LlamaConfig:
+def _json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, numbers.Integral):
+        return "an integer"
+    if isinstance(value, numbers.Real):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} ({_json_kind(value)})"
+
+
+class _Reader:
+    """Typed reads of one config.json object (or of its rope dict, fields named ``prefix.x``).
+
+    JSON types are checked, never coerced: an integer field takes a JSON integer only (not a
+    boolean, not ``32.0``: transformers would hand that float to ``nn.Linear`` and fail); a
+    number field takes an integer or a finite number, not a boolean; a boolean field takes
+    ``true``/``false`` only (not ``"false"``, not ``0``).
+    """
+
+    def __init__(self, d: Mapping[str, Any], file: str | None, prefix: str = "") -> None:
+        self.d, self.file, self.prefix = d, file, prefix
+
+    def error(self, key: str, message: str) -> HFConfigError:
+        return HFConfigError(self.prefix + key, message, file=self.file)
+
+    def has(self, key: str) -> bool:
+        return key in self.d
+
+    def integer(self, key: str, default: Any = _ABSENT, *, null_is_default: bool = False) -> Any:
+        """An int, or ``default`` when absent (or null, with ``null_is_default``)."""
+        found, value = self._get(key, default, null_is_default=null_is_default)
+        if not found:
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            hint = ""
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                hint = f" (write {int(value)}, not {value!r})"
+            raise self.error(key, f"got {_shown(value)}; must be an integer{hint}")
+        return int(value)
+
+    def number(self, key: str, default: Any = _ABSENT) -> float:
+        """A finite float (a JSON integer converts only when float64 holds it exactly)."""
+        found, value = self._get(key, default)
+        if not found:
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise self.error(key, f"got {_shown(value)}; must be a number")
+        try:
+            out = float(value)
+        except OverflowError:
+            out = math.inf
+        if not math.isfinite(out) or (isinstance(value, numbers.Integral) and out != value):
+            raise self.error(key, f"got {_shown(value)}; must be a finite float64 number")
+        return out
+
+    def boolean(self, key: str, default: bool) -> bool:
+        _, value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"got {_shown(value)}; must be true or false")
+        return value
+
+    def _get(self, key: str, default: Any, *, null_is_default: bool = False) -> tuple[bool, Any]:
+        """``(True, value)`` as the file gives it, or ``(False, default)`` when absent."""
+        if key not in self.d or (null_is_default and self.d[key] is None):
+            if default is _ABSENT:
+                raise self.error(key, "required field missing")
+            return False, default
+        return True, self.d[key]
+
+
+def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = None) -> LlamaConfig:
     """Read a Hugging Face Llama ``config.json`` (as a dict) into a :class:`LlamaConfig`.
 
     Both dialects are read: the one most Llama 3.x checkpoints use (top-level ``rope_theta``,
     ``rope_scaling``, ``torch_dtype``) and the one transformers ≥ 5 writes (``rope_parameters``
     holding ``rope_theta`` and the scaling fields, ``dtype``). Fields that are absent take the
-    defaults of transformers' ``LlamaConfig``, and precedence follows transformers too (a value
-    inside ``rope_scaling``/``rope_parameters`` wins over the top-level one). Anything the
-    forward pass would not reproduce exactly is refused: other architectures, ``hidden_act``
-    other than silu, attention or MLP biases, RoPE types other than default and llama3, and
-    partial rotary embeddings.
+    defaults of transformers' ``LlamaConfig`` (null counts as absent only for
+    ``num_key_value_heads``, ``head_dim``, ``rope_scaling``, ``rope_parameters``,
+    ``architectures`` and ``partial_rotary_factor``, where transformers reads null as "unset"),
+    and precedence follows transformers too (a value inside ``rope_scaling``/``rope_parameters``
+    wins over the top-level one). Unknown fields are ignored, as transformers ignores them.
+
+    Every field is type-checked as JSON gives it, never coerced (see :class:`_Reader`): sizes
+    are JSON integers (``32.0`` is refused, not read as 32), ``"false"`` is not a boolean, a
+    boolean is not a number. Anything the forward pass would not reproduce exactly is refused:
+    other architectures, ``hidden_act`` other than silu, attention or MLP biases, RoPE types
+    other than default and llama3, and partial rotary embeddings.
+
+    Errors are :class:`HFConfigError` naming the field and, when ``d`` came from
+    :func:`read_hf_config` (or ``source`` is given), the file.
     """
+    file = str(source) if source is not None else getattr(d, "path", None)
+    top = _Reader(d, file)
 
-    def bad(field: str, value: Any, allowed: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint config: {field} is {value!r}; pd supports {allowed}")
-
-    def refused(field: str, error: FieldValueError) -> CheckpointError:
-        return CheckpointError(f"checkpoint config: {field}: {error.message}")
+    def unsupported(reader: _Reader, key: str, value: Any, allowed: str) -> HFConfigError:
+        return reader.error(key, f"got {_shown(value)}; pd supports {allowed}")
 
     archs = d.get("architectures")
-    if archs is not None and list(archs) != ["LlamaForCausalLM"]:
-        raise bad("architectures", archs, "['LlamaForCausalLM']")
-    if d.get("model_type", "llama") != "llama":
-        raise bad("model_type", d.get("model_type"), "'llama'")
-    if d.get("hidden_act", "silu") != "silu":
-        raise bad("hidden_act", d.get("hidden_act"), "'silu'")
-    for field in ("attention_bias", "mlp_bias"):
-        if d.get(field, False):
-            raise bad(field, d[field], "false (Llama has no biases)")
+    if archs is not None and (
+        not isinstance(archs, list | tuple) or list(archs) != ["LlamaForCausalLM"]
+    ):
+        raise unsupported(top, "architectures", archs, "['LlamaForCausalLM']")
+    for key, only in (("model_type", "llama"), ("hidden_act", "silu")):
+        value = d.get(key, only)
+        if not isinstance(value, str) or value != only:
+            raise unsupported(top, key, value, repr(only))
+    for key in ("attention_bias", "mlp_bias"):
+        if top.boolean(key, False):
+            raise unsupported(top, key, True, "false (Llama has no biases)")
     missing = [k for k in _REQUIRED if d.get(k) is None]
     if missing:
-        msg = f"checkpoint config: required field(s) {missing} missing"
-        raise CheckpointError(msg)
+        raise top.error(", ".join(missing), "required field(s) missing")
 
     # transformers: rope_scaling (legacy name) wins over rope_parameters when both are there.
+    for key in ("rope_scaling", "rope_parameters"):
+        value = d.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise unsupported(top, key, value, "an object or null")
     rope_field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-    rope = d.get(rope_field) or {}
-    if not isinstance(rope, Mapping):
-        raise bad(rope_field, rope, "a mapping or null")
-    if any(isinstance(v, Mapping) for v in rope.values()):
-        raise bad(rope_field, rope, "one RoPE setting for all layers (not nested per layer type)")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise bad(f"{rope_field}.rope_type", rope_type, "'default' or 'llama3'")
-    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-    if partial is not None and partial != 1.0:
-        raise bad("partial_rotary_factor", partial, "1.0 (rotary embedding over the whole head)")
-    rope_theta = rope.get("rope_theta", d.get("rope_theta", _HF_DEFAULTS["rope_theta"]))
-    max_pos = d.get("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"])
+    rope_dict = d.get(rope_field) or {}
+    rope = _Reader(rope_dict, file, prefix=f"{rope_field}.")
+    for key, value in rope_dict.items():
+        if isinstance(value, Mapping):
+            raise unsupported(
+                rope, key, value, "one RoPE setting for all layers (not per layer type)"
+            )
+    type_key = "rope_type" if "rope_type" in rope_dict or "type" not in rope_dict else "type"
+    rope_type = rope_dict.get(type_key, "default")
+    if not isinstance(rope_type, str) or rope_type not in ("default", "llama3"):
+        raise unsupported(rope, type_key, rope_type, "'default' or 'llama3'")
+    partial_from = rope if rope.has("partial_rotary_factor") else top
+    if partial_from.d.get("partial_rotary_factor") is not None:
+        partial = partial_from.number("partial_rotary_factor")
+        if partial != 1.0:
+            raise unsupported(
+                partial_from,
+                "partial_rotary_factor",
+                partial,
+                "1.0 (rotary embedding over the whole head)",
+            )
+    theta_from = rope if rope.has("rope_theta") else top
+    rope_theta = theta_from.number("rope_theta", _HF_DEFAULTS["rope_theta"])
+    max_pos = top.integer("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"])
 
     scaling = None
     if rope_type == "llama3":
-        absent = [k for k in _LLAMA3_KEYS if rope.get(k) is None]
+        absent = [k for k in _LLAMA3_KEYS if rope_dict.get(k) is None]
         if absent:
-            msg = f"checkpoint config: {rope_field} has rope_type 'llama3' but no {absent}"
-            raise CheckpointError(msg)
+            raise rope.error(type_key, f"is 'llama3' but {absent} missing")
         # As in transformers: a top-level original_max_position_embeddings wins, then the one
         # inside the rope dict, then max_position_embeddings.
-        original = d.get(
-            "original_max_position_embeddings",
-            rope.get("original_max_position_embeddings", max_pos),
-        )
+        original_from = top if top.has("original_max_position_embeddings") else rope
+        original = original_from.integer("original_max_position_embeddings", max_pos)
+        factors = {k: rope.number(k) for k in _LLAMA3_KEYS}
         try:
-            scaling = RopeScaling(
-                factor=float(rope["factor"]),
-                low_freq_factor=float(rope["low_freq_factor"]),
-                high_freq_factor=float(rope["high_freq_factor"]),
-                original_max_position_embeddings=int(original),
-            )
+            scaling = RopeScaling(**factors, original_max_position_embeddings=original)
         except FieldValueError as e:
-            top_level = e.field == "original_max_position_embeddings" and e.field in d
-            raise refused(e.field if top_level else f"{rope_field}.{e.field}", e) from None
+            reader = original_from if e.field == "original_max_position_embeddings" else rope
+            raise reader.error(e.field, e.message) from None
 
-    heads = int(d["num_attention_heads"])
-    kv_heads = d.get("num_key_value_heads")
-    kv_heads = heads if kv_heads is None else int(kv_heads)
-    head_dim = d.get("head_dim")
+    sizes = {k: top.integer(k) for k in _REQUIRED}
+    heads = sizes["num_attention_heads"]
+    kv_heads = top.integer("num_key_value_heads", heads, null_is_default=True)
+    head_dim = top.integer("head_dim", None, null_is_default=True)
     # LlamaConfig checks sizes, divisibility and the RoPE head dim; its field names are the
     # config.json keys, except rope_theta read from inside the rope dict.
     try:
         return LlamaConfig(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=heads,
+            **sizes,
             num_key_value_heads=kv_heads,
-            head_dim=None if head_dim is None else int(head_dim),
-            rms_norm_eps=float(d.get("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"])),
-            rope_theta=float(rope_theta),
+            head_dim=head_dim,
+            rms_norm_eps=top.number("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"]),
+            rope_theta=rope_theta,
             rope_scaling=scaling,
-            max_position_embeddings=int(max_pos),
-            tie_word_embeddings=bool(
-                d.get("tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"])
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=top.boolean(
+                "tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"]
             ),
         )
     except FieldValueError as e:
-        in_rope = e.field == "rope_theta" and "rope_theta" in rope
-        raise refused(f"{rope_field}.{e.field}" if in_rope else e.field, e) from None
+        reader = theta_from if e.field == "rope_theta" else top
+        raise reader.error(e.field, e.message) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +364,11 @@ def llama_param_shapes(config: LlamaConfig, dtype: Any = np.float32) -> dict[str
 
 
 class _Checkpoint:
-    """The safetensors files of one checkpoint directory, opened memory-mapped for reading."""
+    """The safetensors files of one checkpoint directory, opened memory-mapped for reading.
+
+    A file that safetensors cannot open (truncated, corrupt, not safetensors) is a
+    :class:`CheckpointError` naming that file, so with many shards the user knows which.
+    """
 
     def __init__(self, root: Path, stack: ExitStack) -> None:
         self.root = root
@@ -245,7 +377,11 @@ class _Checkpoint:
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                if not isinstance(weight_map, dict) or not all(
+                    isinstance(v, str) for v in weight_map.values()
+                ):
+                    raise TypeError("weight_map must map tensor names to file names")
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
                 msg = f"checkpoint: {index} is not a safetensors index (needs a 'weight_map' object): {e!r}"
                 raise CheckpointError(msg) from e
             self.file_of: dict[str, str] = dict(weight_map)
@@ -260,17 +396,32 @@ class _Checkpoint:
         self._handles: dict[str, Any] = {}
         self._names: dict[str, set[str]] = {}
         names = sorted(set(self.file_of.values())) if self.file_of else ["model.safetensors"]
-        for fname in names:
+        for n, fname in enumerate(names):
             file = root / fname
             if not file.is_file():
                 msg = f"checkpoint: {file} is named in model.safetensors.index.json but does not exist"
                 raise CheckpointError(msg)
-            self._handles[fname] = stack.enter_context(safe_open(str(file), framework="numpy"))
-            self._names[fname] = set(self._handles[fname].keys())
+            try:
+                handle = stack.enter_context(safe_open(str(file), framework="numpy"))
+                self._names[fname] = set(handle.keys())
+            except Exception as e:  # safetensors raises its own SafetensorError, or OSError
+                which = f" (shard {n + 1} of {len(names)})" if len(names) > 1 else ""
+                msg = (
+                    f"checkpoint: {file}{which} is not a readable safetensors file; it may be "
+                    f"truncated or corrupt: {e}"
+                )
+                raise CheckpointError(msg) from e
+            self._handles[fname] = handle
         if not self.file_of:
-            self.file_of = dict.fromkeys(
-                self._handles["model.safetensors"].keys(), "model.safetensors"
-            )
+            self.file_of = dict.fromkeys(self._names["model.safetensors"], "model.safetensors")
+
+    def all_names(self) -> dict[str, str]:
+        """Every tensor in the checkpoint (named by the index or present in a file) → its file."""
+        out = dict(self.file_of)
+        for fname, names in self._names.items():
+            for name in names:
+                out.setdefault(name, fname)
+        return out
 
     def where(self, name: str) -> str:
         return str(self.root / self.file_of[name]) if name in self.file_of else str(self.root)
@@ -280,11 +431,10 @@ class _Checkpoint:
         if name not in self.file_of:
             msg = f"checkpoint: tensor {name!r} is missing from {self.where(name)}"
             raise CheckpointError(msg)
-        handle = self._handles[self.file_of[name]]
         if name not in self._names[self.file_of[name]]:
             msg = f"checkpoint: tensor {name!r} is missing from {self.where(name)} (the index names that file)"
             raise CheckpointError(msg)
-        view = handle.get_slice(name)
+        view = self._guarded(name, lambda h: h.get_slice(name))
         raw = view.get_dtype()
         if raw not in _SAFETENSORS_DTYPES:
             msg = f"checkpoint: tensor {name!r} in {self.where(name)} has dtype {raw}; pd reads {sorted(_SAFETENSORS_DTYPES)}"
@@ -293,8 +443,14 @@ class _Checkpoint:
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``tensor[index]`` of tensor ``name``, reading only those elements from disk."""
-        out = self._handles[self.file_of[name]].get_slice(name)[index]
-        return np.asarray(out)
+        return np.asarray(self._guarded(name, lambda h: h.get_slice(name)[index]))
+
+    def _guarded(self, name: str, read: Callable[[Any], Any]) -> Any:
+        try:
+            return read(self._handles[self.file_of[name]])
+        except Exception as e:
+            msg = f"checkpoint: reading tensor {name!r} from {self.where(name)} failed: {e}"
+            raise CheckpointError(msg) from e
 
 
 def _normalize(index: Index, shape: tuple[int, ...]) -> Index:
@@ -399,6 +555,7 @@ def load_llama_checkpoint(
     shardings: Any = None,
     dtype: Any = None,
     layers: int | None = None,
+    strict: bool = True,
 ) -> tuple[LlamaConfig, dict[str, Any]]:
     """Load a Hugging Face Llama checkpoint directory straight into sharded jax arrays.
 
@@ -409,13 +566,24 @@ def load_llama_checkpoint(
         no ``lm_head`` when embeddings are tied), one ``Sharding`` for every array, or None
         (all on the first local device). Each process reads only the slices that its
         addressable devices hold.
-      dtype: dtype of the loaded arrays (converted slice by slice on the host); None keeps the
-        checkpoint's dtype.
-      layers: load only the first ``layers`` decoder layers (the returned config says so).
+      dtype: dtype of the loaded arrays (converted slice by slice on the host). None keeps the
+        checkpoint's dtype, which then must be one dtype for every loaded tensor: a checkpoint
+        storing some tensors in float32 and others in bfloat16 is refused (the forward would
+        silently run in a mix of precisions); pass ``dtype`` to convert them all to one.
+      layers: load only the first ``layers`` of the decoder layers config.json describes (the
+        returned config says so). This is the explicit way to load fewer layers on purpose.
+      strict: True (default): every tensor in the checkpoint must be one config.json accounts
+        for; any other (a decoder layer past ``num_hidden_layers``, bias tensors of a
+        config without biases, ``lm_head.weight`` of a model with tied embeddings, unknown
+        names) is an error naming it. False tolerates only whole decoder layers past
+        config.json's ``num_hidden_layers`` (loading a prefix of a deeper checkpoint on
+        purpose; a warning says how many are skipped); every other unexpected tensor is still
+        an error. (``*.rotary_emb.inv_freq`` buffers that old transformers saved are ignored
+        either way: like transformers, pd computes RoPE from config.json.)
 
     Returns:
-      ``(config, params)``. Every tensor's presence and shape is checked against config.json
-      before anything is read.
+      ``(config, params)``. Every tensor's presence, shape and dtype is checked against
+      config.json before anything is read.
     """
     root = Path(path)
     if not root.is_dir():
@@ -423,7 +591,11 @@ def load_llama_checkpoint(
             f"checkpoint: {root} is not a directory (expected a Hugging Face checkpoint directory)"
         )
         raise CheckpointError(msg)
+    if not isinstance(strict, bool):
+        msg = f"strict: got {strict!r}; expected True or False"
+        raise CheckpointError(msg)
     config = llama_config_from_hf(read_hf_config(root))
+    described = config
     if layers is not None:
         if (
             isinstance(layers, bool)
@@ -444,39 +616,37 @@ def load_llama_checkpoint(
 
     with ExitStack() as stack:
         ckpt = _Checkpoint(root, stack)
-        # Check everything (names, shapes, per-layer dtype agreement) before reading any data.
-        plan: list[tuple[tuple[str, ...], tuple[int, ...], bool, bool, np.dtype]] = []
+        _check_accounted_for(ckpt, described, strict=strict)
+        # Check everything (names, shapes, dtypes) before reading any data.
+        plan: list[tuple[tuple[str, ...], tuple[int, ...], bool, bool]] = []
+        stored: dict[str, list[str]] = {}  # dtype → tensors stored in it
         for key, entry in layout.items():
             if key == "layers":
                 continue
             shape, transpose = entry
-            stored = _check_tensor(ckpt, _hf_name(key), shape, transpose)
-            plan.append(
-                ((key,), shape, transpose, False, want_dtype or np.dtype(_np_dtype(stored)))
-            )
+            name = _hf_name(key)
+            stored.setdefault(_check_tensor(ckpt, name, shape, transpose), []).append(name)
+            plan.append(((key,), shape, transpose, False))
         for key, (shape, transpose) in layout["layers"].items():
-            stored_dtypes = {
-                _check_tensor(ckpt, _hf_name(key, i), shape[1:], transpose)
-                for i in range(config.num_hidden_layers)
-            }
-            if want_dtype is None and len(stored_dtypes) > 1:
-                msg = (
-                    f"checkpoint: layers of {key} are stored in several dtypes {sorted(stored_dtypes)}; "
-                    "pass dtype= to stack them"
-                )
-                raise CheckpointError(msg)
-            plan.append(
-                (
-                    ("layers", key),
-                    shape,
-                    transpose,
-                    True,
-                    want_dtype or np.dtype(_np_dtype(stored_dtypes.pop())),
-                )
+            for i in range(config.num_hidden_layers):
+                name = _hf_name(key, i)
+                stored.setdefault(_check_tensor(ckpt, name, shape[1:], transpose), []).append(name)
+            plan.append((("layers", key), shape, transpose, True))
+        if want_dtype is None and len(stored) > 1:
+            mix = "; ".join(
+                f"{d}: {len(names)} tensor(s), e.g. {names[0]!r}"
+                for d, names in sorted(stored.items())
             )
+            msg = (
+                f"checkpoint: {root} stores its tensors in several dtypes ({mix}); with "
+                "dtype=None pd keeps the stored dtypes and the forward would run in a mix of "
+                "precisions. Pass dtype= (target.dtype in a run config) to load all in one."
+            )
+            raise CheckpointError(msg)
+        np_dtype = want_dtype or np.dtype(_np_dtype(next(iter(stored))))
 
         params: dict[str, Any] = {"layers": {}}
-        for keys, shape, transpose, stacked, np_dtype in plan:
+        for keys, shape, transpose, stacked in plan:
             sharding = placements[keys[0]] if len(keys) == 1 else placements["layers"][keys[1]]
             _check_divisible(keys, shape, sharding)
             callback = _reader(ckpt, keys[-1], shape, transpose, stacked, np_dtype)
@@ -486,6 +656,75 @@ def load_llama_checkpoint(
             else:
                 params["layers"][keys[1]] = array
     return config, params
+
+
+_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def _check_accounted_for(ckpt: _Checkpoint, config: LlamaConfig, *, strict: bool) -> None:
+    """Refuse tensors that ``config`` (config.json as written) does not account for; with
+    ``strict=False`` only whole decoder layers past its ``num_hidden_layers`` are skipped."""
+    layout = _layout(config)
+    expected = {_hf_name(k) for k in layout if k != "layers"}
+    expected |= {_hf_name(k, i) for k in layout["layers"] for i in range(config.num_hidden_layers)}
+    found = ckpt.all_names()
+    unexpected = sorted(n for n in found if n not in expected and not _IGNORED.fullmatch(n))
+    deeper: set[int] = set()
+    for name in unexpected:
+        m = _LAYER_TENSOR.fullmatch(name)
+        if m and int(m.group(1)) >= config.num_hidden_layers:
+            deeper.add(int(m.group(1)))
+    if not strict:
+        unexpected = [
+            n
+            for n in unexpected
+            if not ((m := _LAYER_TENSOR.fullmatch(n)) and int(m.group(1)) in deeper)
+        ]
+    if not unexpected:
+        if deeper:
+            log.warning(
+                "checkpoint %s: strict=False, skipping decoder layers %s past config.json's "
+                "num_hidden_layers (%d)",
+                ckpt.root,
+                _ranges(sorted(deeper)),
+                config.num_hidden_layers,
+            )
+        return
+    shown = [f"{n} ({found[n]})" for n in unexpected[:8]]
+    more = f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""
+    hints = []
+    if strict and deeper:
+        hints.append(
+            f"the checkpoint has decoder layers {_ranges(sorted(deeper))} past config.json's "
+            f"num_hidden_layers ({config.num_hidden_layers}); to load only the first "
+            f"{config.num_hidden_layers} on purpose, pass strict=False (target.strict: false)"
+        )
+    if any(n.endswith(".bias") for n in unexpected):
+        hints.append(
+            "config.json says attention_bias/mlp_bias false, but the checkpoint has biases"
+        )
+    if "lm_head.weight" in unexpected:
+        hints.append(
+            "config.json says tie_word_embeddings true, but the checkpoint has lm_head.weight"
+        )
+    msg = (
+        f"checkpoint: {ckpt.root} holds {len(unexpected)} tensor(s) config.json does not account "
+        f"for, which pd would silently ignore: {', '.join(shown)}{more}"
+        + "".join(f"; {h}" for h in hints)
+    )
+    raise CheckpointError(msg)
+
+
+def _ranges(values: list[int]) -> str:
+    """``[3, 4, 5, 7]`` → ``'3-5, 7'``."""
+    out: list[str] = []
+    for v in values:
+        if out and out[-1].split("-")[-1] == str(v - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
 
 
 def _np_dtype(name: str) -> Any:

@@ -7,6 +7,7 @@ field, the value and what is allowed, instead of failing later inside a traced r
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,9 @@ _positive_int = _check(lambda v: _is_number(v, numbers.Integral) and v > 0, "an 
 _optional_positive_int = _check(
     lambda v: v is None or (_is_number(v, numbers.Integral) and v > 0), "null or an int > 0"
 )
-_positive_float = _check(lambda v: _is_number(v, numbers.Real) and v > 0, "a number > 0")
+_positive_float = _check(
+    lambda v: _is_number(v, numbers.Real) and 0 < v < math.inf, "a finite number > 0"
+)
 _bool = _check(lambda v: isinstance(v, bool), "true or false")
 
 
@@ -70,7 +73,8 @@ class LlamaConfig:
     ``k_proj``/``v_proj`` [hidden, kv_heads*head_dim], ``o_proj`` [heads*head_dim, hidden],
     ``gate_proj``/``up_proj`` [hidden, intermediate], ``down_proj`` [intermediate, hidden].
 
-    Checked on construction: every size is an int > 0, ``rms_norm_eps``, ``rope_theta`` > 0;
+    Checked on construction: every size is an int > 0 (not a bool), ``rms_norm_eps``,
+    ``rope_theta`` finite and > 0;
     ``num_key_value_heads`` divides ``num_attention_heads`` (grouped-query attention);
     without ``head_dim``, ``num_attention_heads`` divides ``hidden_size``; the head dim is even
     (rotate-half RoPE).
