@@ -35,6 +35,10 @@ class TargetConfig:
     ships with pd-train), or null for random weights (tests, probes, ``pd-train compile``).
     ``architecture`` is a preset name (``llama3_8b``), a mapping of Hugging Face LlamaConfig
     fields, or null to read the checkpoint's ``config.json``.
+    ``strict`` (default true): a checkpoint tensor that ``config.json`` does not account for
+    (a decoder layer past ``num_hidden_layers``, biases, an ``lm_head`` with tied embeddings)
+    is an error; false loads a prefix of a deeper checkpoint's layers on purpose (only whole
+    layers past ``num_hidden_layers`` are skipped; anything else is still an error).
     """
 
     checkpoint: str | None = None
@@ -42,6 +46,7 @@ class TargetConfig:
     dtype: Literal["float32", "bfloat16"] = attrs.field(
         default="float32", validator=one_of("float32", "bfloat16")
     )
+    strict: bool = True
 
 
 @attrs.frozen(kw_only=True)
