@@ -6,6 +6,8 @@ Subcommands:
   compile  lower and compile every jit of a run on abstract inputs; print seconds and memory
   submit   submit a run to SLURM through pd-launch
   probe    compile probes of a config through pd-probe
+  analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
+  report   one static HTML page of a run
 
 Exit codes: 0 success, 1 failure while running, 2 bad input (config, arguments).
 """
@@ -94,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch_cli.add_parser(sub)
     probe_cli.add_parser(sub)
+    from pd_train import analyze_cli
+
+    analyze_cli.add_parsers(sub)
     return parser
 
 
@@ -123,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compile": _compile,
         "submit": _submit,
         "probe": _probe,
+        "analyze": _analyze,
+        "report": _report,
     }
     try:
         return handlers[args.command](args)
@@ -215,6 +222,18 @@ def _probe(args: argparse.Namespace) -> int:
     from pd_train import probe_cli
 
     return probe_cli.probe(args)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from pd_train import analyze_cli
+
+    return analyze_cli.analyze(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pd_train import analyze_cli
+
+    return analyze_cli.report(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""What a decomposition found: per-component statistics, a harvest of top-activating contexts,
+the component table (``pd-train analyze``) and a static HTML report (``pd-train report``).
+
+* :mod:`~pd_train.analysis.statistics` — traceable reductions of ``ci_lower`` (activation counts,
+  CI sums) and CI-L0 groups (per layer, per kind, total);
+* :mod:`~pd_train.analysis.harvest` — the jitted, sharded loop over eval batches with a running
+  top-k per component (memory flat in the number of batches);
+* :mod:`~pd_train.analysis.components` — a run dir + checkpoint → the component table (Parquet);
+* :mod:`~pd_train.analysis.report` — a run dir → one self-contained HTML page.
+"""
+
+from pd_train.analysis.components import (
+    AnalysisError,
+    ComponentTable,
+    analysis_path,
+    analyze_run,
+    build_table,
+    read_table,
+    write_table,
+)
+from pd_train.analysis.harvest import Harvester, HarvestResult, harvest_update, init_harvest_state
+from pd_train.analysis.statistics import ci_lower_of, component_counts, grouped_l0, l0_groups
+from pd_train.analysis.vocab import Vocabulary, load_vocabulary
+
+__all__ = [
+    "AnalysisError",
+    "ComponentTable",
+    "HarvestResult",
+    "Harvester",
+    "Vocabulary",
+    "analysis_path",
+    "analyze_run",
+    "build_table",
+    "ci_lower_of",
+    "component_counts",
+    "grouped_l0",
+    "harvest_update",
+    "init_harvest_state",
+    "l0_groups",
+    "load_vocabulary",
+    "read_table",
+    "write_table",
+]

@@ -1,0 +1,85 @@
+"""Per-component statistics of causal importance (traceable, one reduction per kind).
+
+Everything here takes ``ci_lower`` as the Trainer's CI path returns it, ``{kind: [n_k, B, T, C]}``
+(n_k: the kind's sites, stacked in layer order), and reduces over the batch and positions, so a
+caller sums the results over batches and divides by the token count at the end:
+
+* ``active[kind]`` [n_k, C] int32: tokens with ci_lower > threshold. Divided by the tokens seen
+  this is the component's **activation density**.
+* ``ci_sum[kind]`` [n_k, C] float32: Σ ci_lower. Divided by the tokens seen this is the
+  component's **mean CI**.
+
+CI-L0 (components with ci_lower > threshold per token) grouped per layer, per kind and in total
+comes from the same counts: the L0 of a site is Σ_c active / tokens, and a group's L0 is the sum
+over its sites (the mean number of active components per token in that group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "ci_lower_of",
+    "component_counts",
+    "grouped_l0",
+    "l0_groups",
+]
+
+
+def ci_lower_of(trainer: Any, params: Any, target: Any, tokens: jax.Array) -> dict[str, jax.Array]:
+    """``ci_lower`` {kind: [n_k, B, T, C]} of a batch, through the Trainer's CI path (traceable).
+
+    The same calls the train step and the evaluation make: the clean runner over the frozen
+    target, the Trainer's CI function on the params' components (in the compute dtype), and the
+    lower squash. tokens [B, T] int32.
+    """
+    from pd_train._forward import CleanRunner
+    from pd_train.squash import lower_leaky_hard
+
+    comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
+    clean = CleanRunner(trainer.forward_spec, target, tokens)
+    _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+    return {k: lower_leaky_hard(v) for k, v in pre.items()}
+
+
+def component_counts(
+    ci_lower: Mapping[str, jax.Array], threshold: float | jax.Array
+) -> dict[str, dict[str, jax.Array]]:
+    """``{"active": {kind: [n_k, C] int32}, "ci_sum": {kind: [n_k, C] float32}}`` of one batch.
+
+    ci_lower[kind]: [n_k, B, T, C]; ``active`` counts tokens with ci_lower > threshold, ``ci_sum``
+    sums ci_lower (fp32) over the batch and positions.
+    """
+    active = {k: jnp.sum(v > threshold, axis=(1, 2), dtype=jnp.int32) for k, v in ci_lower.items()}
+    ci_sum = {k: jnp.sum(v.astype(jnp.float32), axis=(1, 2)) for k, v in ci_lower.items()}
+    return {"active": active, "ci_sum": ci_sum}
+
+
+def l0_groups(sites: Iterable[Any]) -> dict[str, list[str]]:
+    """The CI-L0 groups of a decomposition's sites: ``layer.{i}`` (every site of layer i),
+    ``kind.{kind}`` (every site of that kind) and ``total`` → the site names in each.
+
+    ``sites``: objects with ``name``, ``layer`` and ``kind`` (:class:`pd_train.decomposition.Site`),
+    in canonical order.
+    """
+    sites = list(sites)
+    groups: dict[str, list[str]] = {}
+    for site in sites:
+        groups.setdefault(f"layer.{site.layer}", []).append(site.name)
+    for site in sites:
+        groups.setdefault(f"kind.{site.kind}", []).append(site.name)
+    groups["total"] = [site.name for site in sites]
+    return groups
+
+
+def grouped_l0(
+    site_l0: Mapping[str, float], groups: Mapping[str, Iterable[str]]
+) -> dict[str, float]:
+    """``{group: Σ_{site in group} L0(site)}``: the mean number of active components per token in
+    each group (``site_l0``: ``{site name: L0}``, e.g. the ``l0/<site>`` of a metrics record)."""
+    return {name: float(np.sum([site_l0[s] for s in members])) for name, members in groups.items()}

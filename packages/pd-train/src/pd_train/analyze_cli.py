@@ -1,0 +1,115 @@
+"""``pd-train analyze`` and ``pd-train report``: what a decomposition found.
+
+``pd-train analyze RUN_DIR`` harvests eval batches with a checkpoint of the run and writes the
+component table (Parquet; see :mod:`pd_train.analysis.components`). ``pd-train report RUN_DIR``
+writes one static HTML page of the run (see :mod:`pd_train.analysis.report`). Both exit 2, with
+nothing written, when the run dir cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers", "analyze", "report"]
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register ``analyze`` and ``report`` on the ``pd-train`` subparsers."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="per-component density, mean CI and top-activating contexts of a run (Parquet)",
+        description=(
+            "Harvest N eval batches with a checkpoint of RUN_DIR (the latest by default, also "
+            "while the run is going) and write one row per alive component: activation "
+            "density, mean CI, and its top-k activating contexts."
+        ),
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument(
+        "--checkpoint", type=int, metavar="STEP", help="checkpoint step (default latest)"
+    )
+    p.add_argument("--n-batches", type=int, default=16, metavar="N", help="eval batches (16)")
+    p.add_argument("--top-k", type=int, default=10, metavar="K", help="contexts per component (10)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        metavar="T",
+        help="ci_lower above T counts as active (default: the run's pd.l0_threshold)",
+    )
+    p.add_argument(
+        "--window", type=int, default=8, metavar="W", help="context tokens on each side (8)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
+    )
+    p.add_argument("--simulate-devices", type=int, metavar="N", help="N simulated CPU devices")
+
+    p = subparsers.add_parser(
+        "report",
+        help="one static HTML page of a run: config, curves, L0, components",
+        description=(
+            "Write RUN_DIR/report.html (or --out): the run's config and summary, loss curves, L0 "
+            "per site over training, activation-density histograms and a browsable table of "
+            "components with their top contexts (from the latest `pd-train analyze` file). "
+            "Self-contained: no server, no network."
+        ),
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument(
+        "--analysis",
+        type=Path,
+        metavar="FILE",
+        help="component table to show (default: the latest in RUN_DIR/analysis/)",
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
+    )
+
+
+def _fail(message: str) -> int:
+    print(f"pd-train: error: {message}", file=sys.stderr)
+    return 2
+
+
+def analyze(args: argparse.Namespace) -> int:
+    from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
+
+    try:
+        table = analyze_run(
+            args.run_dir,
+            checkpoint=args.checkpoint,
+            n_batches=args.n_batches,
+            top_k=args.top_k,
+            threshold=args.threshold,
+            window=args.window,
+        )
+    except AnalysisError as exc:
+        return _fail(str(exc))
+    step = table.metadata["checkpoint_step"]
+    out = args.out or analysis_path(args.run_dir, step)
+    write_table(table, out)
+    meta = table.metadata
+    rate = meta["n_tokens"] / max(meta["harvest_seconds"], 1e-9)
+    print(
+        f"{meta['n_alive']}/{meta['n_components']} components alive at step {step} "
+        f"(ci_lower > {meta['threshold']:g} on {meta['n_tokens']} tokens, {rate:,.0f} tokens/s); "
+        f"wrote {out}"
+    )
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from pd_train.analysis.report import ReportError, write_report
+
+    try:
+        out = write_report(args.run_dir, analysis=args.analysis, out=args.out)
+    except ReportError as exc:
+        return _fail(str(exc))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,142 @@
+"""Component statistics and the harvest's running top-k, against hand computations and a
+brute-force numpy reference on the same CI values (no model: CI tensors are given)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pd_sharding
+from pd_train.analysis import (
+    component_counts,
+    grouped_l0,
+    harvest_update,
+    init_harvest_state,
+    l0_groups,
+)
+from pd_train.config import DecompositionTarget
+from pd_train.decomposition import build_decomposition
+from pd_train.models.llama_config import LlamaConfig
+
+MODEL = LlamaConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+DEC = build_decomposition(
+    MODEL,
+    [
+        DecompositionTarget(module_pattern="layers.*.self_attn.q_proj", C=3),
+        DecompositionTarget(module_pattern="layers.1.mlp.down_proj", C=5),
+    ],
+)
+
+
+def test_density_and_mean_ci_by_hand() -> None:
+    # One site, B=2, T=3, C=2.
+    ci = np.array(
+        [
+            [[0.0, 1.0], [0.3, 0.2], [0.25, 0.9]],
+            [[0.5, 0.0], [0.26, 0.0], [1.0, 0.1]],
+        ],
+        np.float32,
+    )[None]
+    counts = jax.device_get(component_counts({"q_proj": jnp.asarray(ci)}, 0.25))
+    # Component 0: values 0, .3, .25, .5, .26, 1 → above .25: .3, .5, .26, 1 (.25 is not >).
+    # Component 1: 1, .2, .9, 0, 0, .1 → above .25: 1, .9.
+    np.testing.assert_array_equal(counts["active"]["q_proj"], [[4, 2]])
+    np.testing.assert_allclose(counts["ci_sum"]["q_proj"], [[2.31, 2.2]], rtol=1e-6)
+    # density = active / 6 tokens, mean CI = ci_sum / 6.
+    assert counts["active"]["q_proj"].dtype == np.int32
+
+
+def test_l0_groups_per_layer_kind_and_total() -> None:
+    groups = l0_groups(DEC.sites)
+    assert groups == {
+        "layer.0": ["layers.0.self_attn.q_proj"],
+        "layer.1": ["layers.1.self_attn.q_proj", "layers.1.mlp.down_proj"],
+        "kind.q_proj": ["layers.0.self_attn.q_proj", "layers.1.self_attn.q_proj"],
+        "kind.down_proj": ["layers.1.mlp.down_proj"],
+        "total": [s.name for s in DEC.sites],
+    }
+    site_l0 = {
+        "layers.0.self_attn.q_proj": 1.5,
+        "layers.1.self_attn.q_proj": 2.0,
+        "layers.1.mlp.down_proj": 0.25,
+    }
+    assert grouped_l0(site_l0, groups) == {
+        "layer.0": 1.5,
+        "layer.1": 2.25,
+        "kind.q_proj": 3.5,
+        "kind.down_proj": 0.25,
+        "total": 3.75,
+    }
+
+
+def _reference(cis: list[np.ndarray], threshold: float, top_k: int, window: int) -> dict:
+    """Brute force over all batches of one kind: cis[i] [n, B, T, C]."""
+    all_ci = np.stack(cis)  # [N, n, B, T, C]
+    n_batches, n, rows, length, c = all_ci.shape
+    out = {
+        "active": (all_ci > threshold).sum(axis=(0, 2, 3)),
+        "ci_sum": all_ci.astype(np.float64).sum(axis=(0, 2, 3)),
+        "top_ci": np.full((n, c, top_k), -np.inf),
+        "top_where": np.full((n, c, top_k, 3), -1),
+        "top_window": np.full((n, c, top_k, 2 * window + 1), np.nan),
+    }
+    b, r, t = np.meshgrid(np.arange(n_batches), np.arange(rows), np.arange(length), indexing="ij")
+    b, r, t = b.ravel(), r.ravel(), t.ravel()
+    for s in range(n):
+        for comp in range(c):
+            values = all_ci[b, s, r, t, comp]
+            # Sort by (-value, batch, row, position): np.lexsort sorts by the last key first.
+            order = np.lexsort((t, r, b, -values))[:top_k]
+            for k, i in enumerate(order):
+                out["top_ci"][s, comp, k] = values[i]
+                out["top_where"][s, comp, k] = (b[i], r[i], t[i])
+                for j, o in enumerate(range(-window, window + 1)):
+                    if 0 <= t[i] + o < length:
+                        out["top_window"][s, comp, k, j] = all_ci[b[i], s, r[i], t[i] + o, comp]
+    return out
+
+
+@pytest.mark.parametrize(("rows", "length", "top_k", "window"), [(8, 6, 4, 2), (8, 2, 20, 1)])
+def test_harvest_top_k_matches_brute_force(rows: int, length: int, top_k: int, window: int) -> None:
+    """Sharded over 8 devices along the batch, 3 batches, CI values with many exact ties (as
+    ci_lower has at 0 and 1); the second case has fewer positions per batch than K."""
+    mesh = pd_sharding.make_mesh(data=8)  # Auto axes, as runs use
+    batch_sharding = NamedSharding(mesh, P(None, ("replicate", "data")))
+    replicated = NamedSharding(mesh, P())
+    threshold = 0.25
+    rng = np.random.default_rng(0)
+    cis: dict[str, list[np.ndarray]] = {layout.kind: [] for layout in DEC.kinds}
+    state = init_harvest_state(DEC, top_k=top_k, window=window, sharding=replicated)
+    update = jax.jit(
+        functools.partial(harvest_update, threshold=threshold, top_k=top_k, window=window),
+        out_shardings=replicated,
+    )
+    for i in range(3):
+        batch = {}
+        for layout in DEC.kinds:
+            shape = (len(layout.layers), rows, length, layout.C)
+            ci = (rng.integers(0, 5, shape) / 4).astype(np.float32)  # 0, .25, .5, .75, 1
+            cis[layout.kind].append(ci)
+            batch[layout.kind] = jax.device_put(ci, batch_sharding)
+        state = update(state, batch, jax.device_put(np.int32(i), replicated))
+    host = jax.device_get(state)
+    for kind, ref in ((k, _reference(v, threshold, top_k, window)) for k, v in cis.items()):
+        got = host[kind]
+        np.testing.assert_array_equal(got["active"], ref["active"])
+        np.testing.assert_allclose(got["ci_sum"], ref["ci_sum"], rtol=1e-6)
+        np.testing.assert_array_equal(got["top_ci"], ref["top_ci"])
+        np.testing.assert_array_equal(got["top_where"], ref["top_where"])
+        np.testing.assert_array_equal(got["top_window"], ref["top_window"])
