@@ -280,6 +280,10 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
             )
     theta_from = rope if rope.has("rope_theta") else top
     rope_theta = theta_from.number("rope_theta", _HF_DEFAULTS["rope_theta"])
+    for overridden in ("rope_theta", "partial_rotary_factor"):
+        # A top-level value the rope dict overrides is unused, but still must be well-typed.
+        if rope.has(overridden) and top.d.get(overridden) is not None:
+            top.number(overridden)
     max_pos = top.integer("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"])
 
     scaling = None
@@ -291,6 +295,8 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
         # inside the rope dict, then max_position_embeddings.
         original_from = top if top.has("original_max_position_embeddings") else rope
         original = original_from.integer("original_max_position_embeddings", max_pos)
+        if original_from is top and rope.has("original_max_position_embeddings"):
+            rope.integer("original_max_position_embeddings")  # unused, but still well-typed
         factors = {k: rope.number(k) for k in _LLAMA3_KEYS}
         try:
             scaling = RopeScaling(**factors, original_max_position_embeddings=original)
