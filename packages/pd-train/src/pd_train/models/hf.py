@@ -15,6 +15,10 @@ transposed to right-multiplied ``[d_in, d_out]`` and decoder layers stacked on a
 Every array is built with :func:`jax.make_array_from_callback`: each process reads from the
 memory-mapped safetensors files only the slices its own devices hold, so no process ever holds a
 full host copy of a sharded array. torch is not needed.
+
+Nothing is guessed: config.json fields are type-checked as JSON gives them (no coercion), every
+tensor in the checkpoint must be one config.json accounts for (see ``strict``), a file
+safetensors cannot open is named, and without ``dtype`` the stored dtypes must agree.
 """
 
 from __future__ import annotations
