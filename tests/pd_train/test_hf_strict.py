@@ -300,3 +300,13 @@ def test_read_hf_config_is_a_plain_dict_that_remembers_its_file(tmp_path):
     assert d == config_v5() and isinstance(d, dict)
     assert d.path == str(path / "config.json")
     assert json.loads(json.dumps(d)) == config_v5()
+
+
+def test_rope_scaling_and_rope_parameters_must_agree():
+    both = {**config_v4(), "rope_parameters": config_v5()["rope_parameters"]}
+    assert llama_config_from_hf(both) == EXPECTED  # the same settings spelled twice
+    both["rope_parameters"] = {**both["rope_parameters"], "factor": 16.0}
+    with pytest.raises(HFConfigError) as info:
+        llama_config_from_hf(both)
+    assert info.value.field == "rope_parameters.factor"
+    assert "got 16.0 (a number) but rope_scaling.factor is 8.0 (a number)" in str(info.value)

@@ -261,6 +261,21 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
         if value is not None and not isinstance(value, Mapping):
             raise unsupported(top, key, value, "an object or null")
     rope_field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    if d.get("rope_scaling") and d.get("rope_parameters"):
+        # Both spellings of the RoPE settings (written by some transformers versions): they
+        # must agree wherever both give a value; pd does not pick one of two different models.
+        legacy, modern = dict(d["rope_scaling"]), dict(d["rope_parameters"])
+        for spelled in (legacy, modern):
+            if "type" in spelled and "rope_type" not in spelled:
+                spelled["rope_type"] = spelled.pop("type")
+        for key in sorted(set(legacy) & set(modern), key=str):
+            a, b = legacy[key], modern[key]
+            if a != b or isinstance(a, bool) != isinstance(b, bool):
+                msg = (
+                    f"got {_shown(modern[key])} but rope_scaling.{key} is "
+                    f"{_shown(legacy[key])}; the two must agree"
+                )
+                raise top.error(f"rope_parameters.{key}", msg)
     rope_dict = d.get(rope_field) or {}
     rope = _Reader(rope_dict, file, prefix=f"{rope_field}.")
     for key, value in rope_dict.items():
