@@ -19,11 +19,13 @@ __all__ = [
     "MLPCI",
     "CIConfig",
     "ChunkwiseSubsetRecon",
+    "ChunkwiseTransformerCI",
     "CompileCacheConfig",
     "ConfigError",
     "DecompositionTarget",
     "Faithfulness",
     "FaithfulnessWarmup",
+    "GlobalTransformerCI",
     "ImportanceMinimality",
     "LaunchEnvConfig",
     "LossMetric",
@@ -36,7 +38,9 @@ __all__ = [
     "RuntimeConfig",
     "SharedMLPCI",
     "StochasticRecon",
+    "VectorMLPCI",
     "check_pd_config",
+    "ci_config_problems",
 ]
 
 
@@ -73,7 +77,78 @@ class SharedMLPCI:
     hidden_dims: tuple[int, ...] = attrs.field(default=(256,), validator=_positive_ints)
 
 
-CIConfig = MLPCI | SharedMLPCI
+@attrs.frozen(kw_only=True)
+class VectorMLPCI:
+    """Per site and component, an MLP d_in -> hidden_dims -> 1 (exact GELU) on the site's
+    input x (spd's ``vector_mlp``)."""
+
+    type: Literal["vector_mlp"] = "vector_mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+
+
+@attrs.frozen(kw_only=True)
+class ChunkwiseTransformerCI:
+    """The decomposed layers cut into consecutive chunks of ``blocks_per_chunk``; per chunk an
+    independent transformer: each distinct site input RMS-normalized (no learned scale) and
+    concatenated -> Linear to ``d_model`` -> ``n_blocks`` pre-norm blocks (bidirectional
+    attention with RoPE of base ``rope_theta``, ``n_kv_heads`` K/V heads (default
+    ``n_heads``), no attention bias; MLP Linear+bias -> exact GELU -> Linear+bias) -> one
+    Linear+bias head [d_model, C] per site of the chunk."""
+
+    type: Literal["chunkwise_transformer"] = "chunkwise_transformer"
+    blocks_per_chunk: int = attrs.field(default=1, validator=positive())
+    d_model: int = attrs.field(validator=positive())
+    n_blocks: int = attrs.field(validator=positive())
+    n_heads: int = attrs.field(validator=positive())
+    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
+    mlp_hidden: int = attrs.field(validator=positive())
+    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class GlobalTransformerCI:
+    """The chunkwise transformer with one chunk over every decomposed site (spd's global
+    shared transformer); same fields but no ``blocks_per_chunk``."""
+
+    type: Literal["global_transformer"] = "global_transformer"
+    d_model: int = attrs.field(validator=positive())
+    n_blocks: int = attrs.field(validator=positive())
+    n_heads: int = attrs.field(validator=positive())
+    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
+    mlp_hidden: int = attrs.field(validator=positive())
+    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+
+
+CIConfig = MLPCI | SharedMLPCI | VectorMLPCI | ChunkwiseTransformerCI | GlobalTransformerCI
+
+
+def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, str]]:
+    """``(field path, message)`` for CI settings that contradict each other (the checks that
+    need the decomposition live with the CI function: ``pd_train.ci``)."""
+    if not isinstance(ci, ChunkwiseTransformerCI | GlobalTransformerCI):
+        return []
+    problems = []
+    if ci.d_model % ci.n_heads:
+        divisors = [h for h in range(1, ci.d_model + 1) if ci.d_model % h == 0]
+        near = sorted(divisors, key=lambda h: abs(h - ci.n_heads))[:2]
+        msg = (
+            f"got {ci.n_heads}, which does not divide d_model {ci.d_model}; "
+            f"head counts that would: {' or '.join(map(str, sorted(near)))}"
+        )
+        problems.append((f"{path}.n_heads", msg))
+    elif (ci.d_model // ci.n_heads) % 2:
+        msg = (
+            f"d_model {ci.d_model} / n_heads {ci.n_heads} gives head dim "
+            f"{ci.d_model // ci.n_heads}, which is odd; RoPE rotates pairs of channels and "
+            "needs an even head dim"
+        )
+        problems.append((f"{path}.n_heads", msg))
+    if ci.n_kv_heads is not None and ci.n_heads % ci.n_kv_heads:
+        msg = f"got {ci.n_kv_heads}; must divide n_heads {ci.n_heads} (each K/V head serves a group)"
+        problems.append((f"{path}.n_kv_heads", msg))
+    return problems
+
+
 
 
 @attrs.frozen(kw_only=True)
@@ -290,5 +365,6 @@ def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
             problems.append((f"{where}.anneal_end_frac", msg))
     if not pd.loss_metrics:
         problems.append((f"{path}.loss_metrics", "is empty; list at least one loss term"))
+    problems.extend(ci_config_problems(pd.ci, path=f"{path}.ci"))
     if problems:
         raise ConfigError(problems)

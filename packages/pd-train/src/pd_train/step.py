@@ -66,6 +66,11 @@ class TrainState:
     opt_state: dict[str, Any]
 
 
+def _group_name(path: Any) -> str:
+    """A params leaf's pd-init group: its dotted path (``ci_fn.blocks.wq``)."""
+    return jax.tree_util.keystr(path, simple=True, separator=".")
+
+
 def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
     """The key of step ``step``: ``fold_in(run_key, step)``."""
     return jax.random.fold_in(run_key, step)
@@ -104,7 +109,13 @@ class Trainer:
         self.decomposition: Decomposition = build_decomposition(model, pd.decomposition_targets)
         self.layout = pd_sharding.Zero1Layout(mesh) if mesh is not None else None
         self.compute_dtype = _DTYPES[self.runtime.compute_dtype]
-        self.ci_fn = make_ci_function(pd.ci, remat=self.runtime.remat.ci_fn)
+        self.ci_fn = make_ci_function(
+            pd.ci,
+            decomposition=self.decomposition,
+            remat=self.runtime.remat.ci_fn,
+            constrain=self.layout.constrain_batch if self.layout is not None else (lambda x: x),
+        )
+        self.ci_fn.check(self.decomposition)
         self.tx = {
             "components": make_optimizer(pd.components, pd.steps),
             "ci_fn": make_optimizer(pd.ci_fn, pd.steps),
@@ -145,12 +156,12 @@ class Trainer:
 
     # ---------------------------------------------------------------- parameters and state
     def param_specs(self) -> list[pd_init.ArraySpec]:
-        """One pd-init spec per site and array, named ``{site}.V``, ``{site}.U``,
-        ``{site}.ci_fn.{param}``, grouped ``{group}.{kind}.{name}`` so each kind's arrays come
-        out of pd-init as one stack in layer order."""
+        """One pd-init spec per array: ``{site}.V`` and ``{site}.U`` grouped
+        ``components.{kind}.V|U`` (one stack per kind in layer order), then the CI function's
+        arrays (:meth:`pd_train.ci.CIFunction.arrays`: names like ``{site}.ci_fn.{param}``,
+        grouped ``ci_fn.{path}``, e.g. ``ci_fn.{kind}.{param}`` or ``ci_fn.blocks.wq``)."""
         specs = []
         for layout in self.decomposition.kinds:
-            ci_specs = self.ci_fn.param_specs(layout)
             for layer in layout.layers:
                 site = site_name(layer, layout.kind)
                 specs.append(
@@ -169,32 +180,35 @@ class Trainer:
                         group=f"components.{layout.kind}.U",
                     )
                 )
-                for pname, ps in ci_specs.items():
-                    specs.append(
-                        pd_init.ArraySpec(
-                            name=f"{site}.ci_fn.{pname}",
-                            shape=ps.shape,
-                            init=ps.init,
-                            group=f"ci_fn.{layout.kind}.{pname}",
-                        )
-                    )
+        for a in self.ci_fn.arrays(self.decomposition):
+            specs.append(pd_init.ArraySpec(name=a.name, shape=a.shape, init=a.init, group=a.group))
         return specs
+
+    def _abstract_ci_params(self) -> dict[str, Any]:
+        """The CI function's stacks as a nested dict by path: ``[n_members, *shape]`` fp32."""
+        counts: dict[tuple[str, ...], int] = {}
+        shapes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        for a in self.ci_fn.arrays(self.decomposition):
+            counts[a.path] = counts.get(a.path, 0) + 1
+            shapes[a.path] = a.shape
+        tree: dict[str, Any] = {}
+        for path, n in counts.items():
+            node = tree
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = jax.ShapeDtypeStruct((n, *shapes[path]), jnp.float32)
+        return tree
 
     def abstract_params(self) -> dict[str, Any]:
         """ShapeDtypeStructs of the params (fp32), with shardings when there is a mesh."""
         comps: dict[str, Any] = {}
-        ci: dict[str, Any] = {}
         for layout in self.decomposition.kinds:
             n = len(layout.layers)
             comps[layout.kind] = {
                 "V": jax.ShapeDtypeStruct((n, layout.d_in, layout.C), jnp.float32),
                 "U": jax.ShapeDtypeStruct((n, layout.C, layout.d_out), jnp.float32),
             }
-            ci[layout.kind] = {
-                name: jax.ShapeDtypeStruct((n, *ps.shape), jnp.float32)
-                for name, ps in self.ci_fn.param_specs(layout).items()
-            }
-        params = {"components": comps, "ci_fn": ci}
+        params = {"components": comps, "ci_fn": self._abstract_ci_params()}
         shardings = self.param_shardings(params)
         if shardings is None:
             return params
@@ -214,7 +228,9 @@ class Trainer:
             }
             for kind, f in params["components"].items()
         }
-        return {"components": comps, "ci_fn": lay.ci_params(params["ci_fn"], name="ci_fn")}
+        rules = self.ci_fn.sharding_rules(self.decomposition)
+        ci = lay.ci_params(params["ci_fn"], name="ci_fn", rules=rules)
+        return {"components": comps, "ci_fn": ci}
 
     def init_plan(self) -> pd_init.InitPlan:
         """The pd-init plan of :meth:`param_specs`, with each stack's ZeRO-1 sharding (built
@@ -223,10 +239,8 @@ class Trainer:
             group_shardings = None
             if self.layout is not None:
                 group_shardings = {
-                    f"{group}.{kind}.{name}": a.sharding
-                    for group, tree in self.abstract_params().items()
-                    for kind, arrays in tree.items()
-                    for name, a in arrays.items()
+                    _group_name(path): a.sharding
+                    for path, a in jax.tree_util.tree_leaves_with_path(self.abstract_params())
                 }
             self._init_plan = pd_init.InitPlan(self.param_specs(), group_shardings=group_shardings)
         return self._init_plan
@@ -241,13 +255,9 @@ class Trainer:
             stacks = self._init_stack_fn()(plan.init_reference(key=key))
         else:
             stacks = plan.init_stacked(key=key).stacks
-        return {
-            group: {
-                kind: {name: stacks[f"{group}.{kind}.{name}"] for name in arrays}
-                for kind, arrays in tree.items()
-            }
-            for group, tree in abstract.items()
-        }
+        # The pd-init group of each leaf is its dotted path: ``components.q_proj.V``,
+        # ``ci_fn.q_proj.w0``, ``ci_fn.blocks.wq``.
+        return jax.tree_util.tree_map_with_path(lambda p, _: stacks[_group_name(p)], abstract)
 
     def _init_stack_fn(self) -> Any:
         """``runtime.init = per_array``: a jit ``{array name: [*shape]} -> {group: [n, *shape]}``

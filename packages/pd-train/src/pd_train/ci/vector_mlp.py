@@ -1,0 +1,56 @@
+"""``pd.ci.type: vector_mlp`` — per site, C separate MLPs, each on the site's full input x
+(spd's ``vector_mlp``): component c's CI reads x [d_in] through its own d_in -> hidden -> 1."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import jax
+import jax.numpy as jnp
+
+import pd_init
+from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun
+from pd_train.decomposition import KindLayout
+
+__all__ = ["VectorMLPCIFunction"]
+
+
+@attrs.frozen(kw_only=True)
+class VectorMLPCIFunction(SiteCIFunction):
+    """Per site and component c, an MLP d_in -> hidden_dims -> 1 on x, exact GELU between.
+
+    Params per site: ``w0`` [C, d_in, h0], ``b0`` [C, h0], ``w{i}`` [C, h_{i-1}, h_i],
+    ``b{i}`` [C, h_i], ``w_out`` [C, h_last], ``b_out`` [C]. (``w0`` holds C·d_in·h0 numbers per
+    site: this family is for small targets.)
+    """
+
+    hidden_dims: tuple[int, ...]
+    remat: bool = False
+
+    def param_specs(self, layout: KindLayout) -> dict[str, ParamSpec]:
+        c, dims = layout.C, self.hidden_dims
+        specs = {
+            "w0": ParamSpec(shape=(c, layout.d_in, dims[0]), init=he(layout.d_in)),
+            "b0": ParamSpec(shape=(c, dims[0]), init=pd_init.Zeros()),
+        }
+        for i in range(1, len(dims)):
+            specs[f"w{i}"] = ParamSpec(shape=(c, dims[i - 1], dims[i]), init=he(dims[i - 1]))
+            specs[f"b{i}"] = ParamSpec(shape=(c, dims[i]), init=pd_init.Zeros())
+        specs["w_out"] = ParamSpec(shape=(c, dims[-1]), init=lecun(dims[-1]))
+        specs["b_out"] = ParamSpec(shape=(c,), init=pd_init.Zeros())
+        return specs
+
+    def site_apply(self, params: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
+        """x [B, T, d_in] -> CI pre-activations [B, T, C] (fp32)."""
+        dt = x.dtype
+        h = gelu(jnp.einsum("btd,cdh->btch", x, params["w0"].astype(dt)) + params["b0"].astype(dt))
+        for i in range(1, len(self.hidden_dims)):
+            w, b = params[f"w{i}"].astype(dt), params[f"b{i}"].astype(dt)
+            h = gelu(jnp.einsum("btch,chk->btck", h, w) + b)
+        out = jnp.einsum("btch,ch->btc", h, params["w_out"].astype(dt))
+        return out.astype(jnp.float32) + params["b_out"]
+
+    def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
+        del V
+        return self.site_apply(params, x)
