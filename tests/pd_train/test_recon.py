@@ -58,19 +58,37 @@ def _data() -> tuple:
     return target, comps, ci, tokens
 
 
-def test_routing_picks_exactly_k_live_sites_per_position() -> None:
+def _chi2(counts: np.ndarray) -> float:
+    expected = counts.sum() / counts.size
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_routing_draws_k_and_the_subset_per_position() -> None:
+    """spd's uniform-k routing: at every position independently k ~ U{1..n_live}, then a
+    uniformly random k-subset of the live sites. 200 draws × 64 positions."""
     mask = jnp.asarray(np.array([0, 1, 1, 0, 1, 1, 1, 0], bool))
     draws = jax.jit(jax.vmap(lambda k: _routing(mask, jnp.int32(5), (64,), key=k)))(
         jax.random.split(jax.random.key(0), 200)
     )
-    draws = np.asarray(draws)  # [200, 64, 8]
-    assert not draws[..., ~np.asarray(mask)].any()
-    per_draw = draws.sum(-1)  # every position of one draw routes the same k
-    assert (per_draw == per_draw[:, :1]).all()
-    ks = per_draw[:, 0]
-    assert set(ks.tolist()) == {1, 2, 3, 4, 5}
-    # Which sites are picked varies across positions of one draw (per-position subsets).
-    assert len({tuple(row) for row in draws[0]}) > 1
+    draws = np.asarray(draws).reshape(-1, 8)  # [12800 positions, 8 sites]
+    assert not draws[:, ~np.asarray(mask)].any()
+    k = draws.sum(-1)
+    # k differs between the positions of one draw (a per-draw k would make these all equal).
+    per_draw = k.reshape(200, 64)
+    assert (per_draw != per_draw[:, :1]).any(axis=1).all()
+    # k uniform on 1..5: chi-square with 4 degrees of freedom, p = 0.001 critical value 18.47.
+    counts = np.bincount(k, minlength=6)
+    assert counts[0] == 0
+    assert _chi2(counts[1:]) < 18.47, counts
+    # Given k = 2, each of the C(5, 2) = 10 subsets equally likely (9 dof: 27.88).
+    live = np.flatnonzero(np.asarray(mask))
+    pairs = draws[k == 2][:, live]
+    codes = pairs @ (1 << np.arange(5))
+    subset_counts = np.array([np.sum(codes == c) for c in np.unique(codes)])
+    assert subset_counts.size == 10
+    assert _chi2(subset_counts) < 27.88, subset_counts
+    # Each live site is routed at a position with probability E[k]/5 = 3/5.
+    np.testing.assert_allclose(draws[:, live].mean(0), 0.6, atol=0.03)
 
 
 def test_no_live_site_gives_the_target_forward() -> None:

@@ -155,6 +155,7 @@ def masked_forward(
     key: jax.Array,
     clean_stream: jax.Array | None = None,
     source_scale: jax.Array | None = None,
+    sources: Mapping[str, jax.Array] | None = None,
 ) -> jax.Array:
     """Logits [B, T, vocab] of the target with live sites on their component path.
 
@@ -167,6 +168,8 @@ def masked_forward(
     recomputing what the clean forward already did. source_scale: a scalar (may be traced)
     multiplying every drawn source: 0 gives m = ci_lower, δ = 0 and 1 the sampled masks, so one
     traced forward serves both (evaluation scans its mask modes this way); None: no scaling.
+    sources: given sources instead of drawn ones (PGD): sources[kind] [n_k, B | 1, T | 1, C + 1],
+    broadcast over the batch and positions; ``key`` is then unused.
 
     ``live`` as a traced array: each layer picks copy, frozen or live with ``lax.switch`` (one
     body for any liveness: what the chunk scan needs). ``live`` as a numpy array: the forward is
@@ -208,7 +211,7 @@ def masked_forward(
             if frozen:
                 xs: dict[str, Any] = {"layer": _slice(target["layers"], start, stop - start)}
             else:
-                xs = _layer_xs(spec, seg, start, stop, target, components, ci_lower)
+                xs = _layer_xs(spec, seg, start, stop, target, components, ci_lower, sources)
             if flags is None:  # dynamic: which branch each layer takes is data
                 xs["live"] = seg_live
                 xs["copy"] = jnp.arange(start, stop) < first
@@ -245,11 +248,12 @@ def _layer_xs(
     target: Tree,
     components: Mapping[str, Mapping[str, jax.Array]],
     ci_lower: Mapping[str, jax.Array],
+    sources: Mapping[str, jax.Array] | None = None,
 ) -> dict[str, Any]:
     """Per-layer inputs of layers [start, stop) of ``seg``: static slices of every stack."""
     size = stop - start
     offsets = [(k, o + start - seg.start) for k, o in zip(seg.kinds, seg.offsets, strict=True)]
-    return {
+    xs: dict[str, Any] = {
         "layer": _slice(target["layers"], start, size),
         "site_id": jnp.asarray(
             [[site_id(layer, k) for k in seg.kinds] for layer in range(start, stop)],
@@ -259,6 +263,9 @@ def _layer_xs(
         "U": {k: _slice(components[k]["U"], o, size) for k, o in offsets},
         "ci": {k: _slice(ci_lower[k], o, size) for k, o in offsets},
     }
+    if sources is not None:
+        xs["source"] = {k: _slice(sources[k], o, size) for k, o in offsets}
+    return xs
 
 
 def _masked_body(
@@ -288,11 +295,14 @@ def _masked_body(
                     return xw
                 ci = xs["ci"][kind]
                 c = ci.shape[-1]
-                source = sample_source(
-                    spec.sampling,
-                    (*x.shape[:-1], c + 1),
-                    key=jax.random.fold_in(key, xs["site_id"][j]),
-                )
+                if "source" in xs:
+                    source = xs["source"][kind]
+                else:
+                    source = sample_source(
+                        spec.sampling,
+                        (*x.shape[:-1], c + 1),
+                        key=jax.random.fold_in(key, xs["site_id"][j]),
+                    )
                 if source_scale is not None:
                     source = source * jnp.asarray(source_scale, source.dtype)
                 m, delta = masks(ci, source)

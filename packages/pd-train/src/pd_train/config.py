@@ -32,6 +32,10 @@ __all__ = [
     "MeshConfig",
     "OptimizerConfig",
     "PDConfig",
+    "PGDEval",
+    "PGDOptimizer",
+    "PGDRecon",
+    "PersistentPGDRecon",
     "ProfileConfig",
     "ReconConfig",
     "RematConfig",
@@ -197,7 +201,84 @@ class ChunkwiseSubsetRecon:
     n_samples: int = attrs.field(default=1, validator=positive())
 
 
-LossMetric = Faithfulness | ImportanceMinimality | StochasticRecon | ChunkwiseSubsetRecon
+@attrs.frozen(kw_only=True)
+class PGDEval:
+    """Fresh PGD sources (see :mod:`pd_train.losses.pgd`): start ``random`` (U[0, 1)), ``ones``
+    or ``zeros``; ``n_steps`` sign-gradient ascents of ``step_size`` on the recon KL, clamped to
+    [0, 1]. ``mask_scope``: ``unique_per_datapoint`` sources [B, T, C + 1] or
+    ``shared_across_batch`` [1, 1, C + 1] (one source for every position)."""
+
+    init: Literal["random", "ones", "zeros"] = attrs.field(
+        default="random", validator=one_of("random", "ones", "zeros")
+    )
+    n_steps: int = attrs.field(default=20, validator=non_negative())
+    step_size: float = attrs.field(default=0.1, validator=positive())
+    mask_scope: Literal["unique_per_datapoint", "shared_across_batch"] = attrs.field(
+        default="unique_per_datapoint",
+        validator=one_of("unique_per_datapoint", "shared_across_batch"),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PGDRecon:
+    """Recon under adversarial masks found afresh each step (:class:`PGDEval`'s settings),
+    mean over n_samples draws. ``sites_per_chunk``: null routes every site at every position
+    (one chunk); a number uses the chunkwise-subset plan with per-position uniform-k routing."""
+
+    type: Literal["pgd_recon"] = "pgd_recon"
+    coeff: float = attrs.field(validator=non_negative())
+    init: Literal["random", "ones", "zeros"] = attrs.field(
+        default="random", validator=one_of("random", "ones", "zeros")
+    )
+    n_steps: int = attrs.field(default=1, validator=non_negative())
+    step_size: float = attrs.field(default=0.1, validator=positive())
+    mask_scope: Literal["unique_per_datapoint", "shared_across_batch"] = attrs.field(
+        default="unique_per_datapoint",
+        validator=one_of("unique_per_datapoint", "shared_across_batch"),
+    )
+    sites_per_chunk: int | None = attrs.field(default=None, validator=positive())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@attrs.frozen(kw_only=True)
+class PGDOptimizer:
+    """The persistent sources' own optimizer. ``sign``: s += lr·sign(g). ``adam``: s += lr·m̂ /
+    (sqrt(v̂) + eps) with bias-corrected moments (eps after the square root). Both clamp to
+    [0, 1] after every ascent. lr: linear warmup over ``warmup_frac``·pd.steps, then cosine to
+    ``final_val_frac``·lr (1.0: constant), as the components' schedule."""
+
+    type: Literal["sign", "adam"] = attrs.field(default="adam", validator=one_of("sign", "adam"))
+    lr: float = attrs.field(validator=positive())
+    warmup_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    final_val_frac: float = attrs.field(default=1.0, validator=non_negative())
+    b1: float = attrs.field(default=0.9, validator=in_range(0.0, 1.0))
+    b2: float = attrs.field(default=0.999, validator=in_range(0.0, 1.0))
+    eps: float = attrs.field(default=1e-8, validator=non_negative())
+
+
+@attrs.frozen(kw_only=True)
+class PersistentPGDRecon:
+    """Recon (every site routed at every position) under per-site sources [B | 1, T, C + 1]
+    that persist across steps in the train state. ``scope``: ``bsc`` one source per batch row
+    and position (batch-sharded), ``sc`` one per position shared by the batch (replicated).
+    Each step: ``n_warmup_steps`` ascents with params and CI detached, then the term, then one
+    final ascent along the main backward's source gradient divided by ``coeff`` (> 0)."""
+
+    type: Literal["persistent_pgd_recon"] = "persistent_pgd_recon"
+    coeff: float = attrs.field(validator=positive())
+    scope: Literal["sc", "bsc"] = attrs.field(default="bsc", validator=one_of("sc", "bsc"))
+    n_warmup_steps: int = attrs.field(default=0, validator=non_negative())
+    optimizer: PGDOptimizer
+
+
+LossMetric = (
+    Faithfulness
+    | ImportanceMinimality
+    | StochasticRecon
+    | ChunkwiseSubsetRecon
+    | PGDRecon
+    | PersistentPGDRecon
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -253,6 +334,8 @@ class PDConfig:
     recon: ReconConfig = attrs.field(factory=ReconConfig)
     components: OptimizerConfig
     ci_fn: OptimizerConfig
+    #: Evaluation also reports ``eval/kl_pgd``: recon under fresh PGD masks (null: not run).
+    eval_pgd: PGDEval | None = None
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
     l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
 

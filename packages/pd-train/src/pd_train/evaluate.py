@@ -8,6 +8,11 @@ the model with every decomposed site on its component path is run under four mas
 * ``stochastic``: the training sources (m = ci + (1 − ci)·r, δ from r);
 * ``rounded``: m = [ci_lower > l0_threshold], δ = 0.
 
+Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state as
+they are (a ``persistent_pgd_recon`` term; no ascent at eval); ``pgd`` — fresh PGD sources
+ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd`` set). Both route
+every site at every position.
+
 Reported per mask: ``eval/ce_<mask>`` (next-token cross entropy) and ``eval/kl_<mask>``
 (KL(clean ‖ masked), mean over positions); ``eval/ce_clean``; ``l0/<site>``; and per site a
 histogram of ci_lower over [0, 1] (``ci_hist/<site>`` with ``edges`` and ``counts``). Values are
@@ -30,8 +35,8 @@ import numpy as np
 
 import pd_sharding
 from pd_train._forward import CleanRunner, masked_forward
-from pd_train.losses import kl_clean_masked, l0
-from pd_train.recon import site_grid
+from pd_train.analysis.statistics import EvalComponentStats, component_counts
+from pd_train.losses import FreshPGD, kl_clean_masked, l0, site_grid
 from pd_train.squash import lower_leaky_hard
 
 MASKS = ("ci", "ones", "stochastic", "rounded")
@@ -46,13 +51,19 @@ def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def batch_metrics(
-    trainer: Any, params: Any, target: Any, tokens: jax.Array, key: jax.Array
+    trainer: Any,
+    params: Any,
+    target: Any,
+    tokens: jax.Array,
+    key: jax.Array,
+    adversary: Any = None,
 ) -> dict[str, Any]:
     """The metrics of one batch (traceable): ``eval/*`` scalars, ``l0`` {kind: [n_k]} and
     ``ci_hist`` {kind: [n_k, HIST_BINS]}.
 
     params: the train state's params; tokens [B, T] int32; key: this batch's eval key (the
-    stochastic mask folds it per site).
+    stochastic mask folds it per site, fresh PGD starts from it); adversary: the train state's
+    (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None.
     """
     spec = trainer.forward_spec
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
@@ -90,8 +101,40 @@ def batch_metrics(
     for i, mask in enumerate(MASKS):
         out[f"eval/ce_{mask}"] = ce[i]
         out[f"eval/kl_{mask}"] = kl[i]
+    adversarial: dict[str, Any] = {}
+    if adversary and getattr(trainer, "ppgd", None) is not None:
+        adversarial["ppgd"] = adversary["sources"]
+    if trainer.pd.eval_pgd is not None:
+        comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
+        pgd = FreshPGD.of(trainer.pd.eval_pgd)
+
+        def objective(sources: Any) -> jax.Array:
+            return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
+
+        start = pgd.init_sources(ci_lower, tuple(tokens.shape), key=jax.random.fold_in(key, 1))
+        adversarial["pgd"] = pgd.ascend(objective, start)
+
+    def adversarial_logits(comps: Any, ci: Any, sources: Any) -> jax.Array:
+        return masked_forward(
+            spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            live=live,
+            routed=None,
+            key=key,
+            clean_stream=clean.stream,
+            sources=sources,
+        )
+
+    for name, sources in adversarial.items():
+        logits = adversarial_logits(comps, ci_lower, sources)
+        out[f"eval/ce_{name}"] = cross_entropy(logits, tokens)
+        out[f"eval/kl_{name}"] = kl_clean_masked(clean_logits, logits)
     out["l0"] = l0(ci_lower, threshold)
     out["ci_hist"] = {k: ci_histogram(v) for k, v in ci_lower.items()}
+    out["components"] = component_counts(ci_lower, threshold)  # density, mean CI, L0 groups
     return out
 
 
@@ -113,8 +156,10 @@ def eval_jit(trainer: Any) -> Any:
     """``jit(eval_metrics)(params, target, tokens, key)``: :func:`batch_metrics` for ``trainer``,
     with the trainer's compiler options."""
 
-    def eval_metrics(params: Any, target: Any, tokens: jax.Array, key: jax.Array) -> Any:
-        return batch_metrics(trainer, params, target, tokens, key)
+    def eval_metrics(
+        params: Any, target: Any, tokens: jax.Array, key: jax.Array, adversary: Any = None
+    ) -> Any:
+        return batch_metrics(trainer, params, target, tokens, key, adversary)
 
     return jax.jit(eval_metrics, compiler_options=trainer.compiler_options or None)
 
@@ -129,8 +174,9 @@ def lower_eval(
     key = jax.eval_shape(lambda: jax.random.key(0))
     if trainer.layout is not None:
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
+    state = trainer.abstract_state()
     return eval_jit(trainer).lower(
-        trainer.abstract_state().params, trainer.abstract_target(target_dtype), tokens, key
+        state.params, trainer.abstract_target(target_dtype), tokens, key, state.adversary or None
     )
 
 
@@ -148,11 +194,18 @@ class Evaluator:
         sums: dict[str, float] = {}
         hist: dict[str, np.ndarray] = {}
         l0_sum: dict[str, float] = {}
+        components = EvalComponentStats(self.trainer.decomposition)
         for i in range(self.n_batches):
             rows = self.batches.batch(i)
             tokens = pd_sharding.global_batch(rows.astype(np.int32), self.mesh)
             metrics = jax.device_get(
-                self._eval(state.params, target, tokens, jax.random.fold_in(key, i))
+                self._eval(
+                    state.params,
+                    target,
+                    tokens,
+                    jax.random.fold_in(key, i),
+                    getattr(state, "adversary", None) or None,
+                )
             )
             for name, value in metrics.items():
                 if name.startswith("eval/"):
@@ -162,10 +215,12 @@ class Evaluator:
                 l0_sum[site.name] = l0_sum.get(site.name, 0.0) + l0_value
                 counts = np.asarray(metrics["ci_hist"][site.kind])[site.index]
                 hist[site.name] = hist.get(site.name, 0) + counts
+            components.add(metrics["components"], tokens.size)
         record: dict[str, Any] = {k: v / self.n_batches for k, v in sums.items()}
         for name, value in l0_sum.items():
             record[f"l0/{name}"] = value / self.n_batches
         edges = np.linspace(0.0, 1.0, HIST_BINS + 1).tolist()
         for name, counts in hist.items():
             record[f"ci_hist/{name}"] = {"edges": edges, "counts": np.asarray(counts).tolist()}
+        record.update(components.record())
         return record

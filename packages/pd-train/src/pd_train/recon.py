@@ -1,186 +1,26 @@
-"""Recon plans and the recon loss: masked forwards over chunks of live sites.
-
-A plan is the static list of chunks of one recon term. Per chunk the loop body gets only small
-per-chunk data — which sites are live (a [S] mask over the decomposition's sites in canonical
-order), how many, the chunk and draw numbers — and rebuilds everything else from them, so every
-chunk has the same body and the chunk loop is one ``lax.scan`` (``chunk_loop="scan"``). Because
-liveness is data and not structure, this holds for non-uniform plans too (a smaller last chunk,
-chunks that cut a layer); ``is_uniform`` is reported for information. ``chunk_loop="unroll"``
-traces each chunk separately with its liveness static (the structure of a Python-unrolled
-plan: n_chunks specialized masked forwards in one graph), for A/B; both give the same loss and
-gradients.
-
-Keys: the term key is folded with the chunk number, then with the draw number; the draw key is
-folded with 0 for the sources (then per site, :func:`pd_train._forward.site_id`) and with 1 for
-routing (then 0 for k, 1 for the per-position subsets).
-"""
+"""Recon plans and the recon loss; they live in :mod:`pd_train.losses.recon` (this module keeps
+``pd_train.recon`` imports working)."""
 
 from __future__ import annotations
 
-import functools
-from collections import Counter
-from collections.abc import Mapping
-from typing import Any, Literal
+from pd_train.losses.recon import (
+    ReconPlan,
+    _routing,
+    all_sites_plan,
+    chunkwise_plan,
+    kl_clean_masked,
+    recon_loss,
+    routing_masks,
+    site_grid,
+)
 
-import attrs
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from pd_train._forward import ForwardSpec, masked_forward
-from pd_train.decomposition import Decomposition
-from pd_train.losses import kl_clean_masked
-
-__all__ = ["ReconPlan", "all_sites_plan", "chunkwise_plan", "recon_loss", "site_grid"]
-
-
-@attrs.frozen(kw_only=True)
-class ReconPlan:
-    """Chunks of site indices (canonical order) and how positions are routed.
-
-    ``routing="all"``: every position of a live site takes its component path (stochastic recon).
-    ``routing="subset"``: per chunk and draw k ~ U{1..n_live}; each position routes a uniformly
-    random k-subset of the chunk's sites (chunkwise subset recon).
-    """
-
-    chunks: tuple[tuple[int, ...], ...]
-    n_sites: int
-    routing: Literal["all", "subset"]
-
-    @property
-    def n_chunks(self) -> int:
-        return len(self.chunks)
-
-    def site_masks(self) -> np.ndarray:
-        """[n_chunks, n_sites] bool: which sites each chunk makes live."""
-        out = np.zeros((self.n_chunks, self.n_sites), dtype=bool)
-        for i, chunk in enumerate(self.chunks):
-            out[i, list(chunk)] = True
-        return out
-
-    def n_live(self) -> np.ndarray:
-        return np.array([len(c) for c in self.chunks], dtype=np.int32)
-
-    def is_uniform(self, decomposition: Decomposition) -> bool:
-        """Whether every chunk holds the same number of sites of each kind."""
-        sites = decomposition.sites
-        counts = [Counter(sites[i].kind for i in chunk) for chunk in self.chunks]
-        return all(c == counts[0] for c in counts)
-
-
-def chunkwise_plan(decomposition: Decomposition, sites_per_chunk: int) -> ReconPlan:
-    """Sites in canonical order, cut into consecutive chunks of ``sites_per_chunk``."""
-    n = len(decomposition.sites)
-    chunks = tuple(
-        tuple(range(i, min(i + sites_per_chunk, n))) for i in range(0, n, sites_per_chunk)
-    )
-    return ReconPlan(chunks=chunks, n_sites=n, routing="subset")
-
-
-def all_sites_plan(decomposition: Decomposition) -> ReconPlan:
-    """One chunk with every site live at every position."""
-    n = len(decomposition.sites)
-    return ReconPlan(chunks=(tuple(range(n)),), n_sites=n, routing="all")
-
-
-def site_grid(decomposition: Decomposition) -> np.ndarray:
-    """[L, K] int32: the canonical index of the site at (layer, decomposed kind), or -1."""
-    names = decomposition.kind_names
-    grid = np.full((decomposition.n_layers, len(names)), -1, dtype=np.int32)
-    for i, site in enumerate(decomposition.sites):
-        grid[site.layer, names.index(site.kind)] = i
-    return grid
-
-
-def _routing(
-    site_mask: jax.Array, n_live: jax.Array, batch_shape: tuple[int, ...], *, key: jax.Array
-) -> jax.Array:
-    """[*batch_shape, S] bool: per position a uniformly random k-subset of the live sites."""
-    k = jax.random.randint(jax.random.fold_in(key, 0), (), 1, n_live + 1)
-    u = jax.random.uniform(jax.random.fold_in(key, 1), (*batch_shape, site_mask.shape[0]))
-    u = jnp.where(site_mask, u, 2.0)  # dead sites sort last, so never among the first k
-    ranks = jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)
-    return ranks < k
-
-
-def recon_loss(
-    spec: ForwardSpec,
-    plan: ReconPlan,
-    *,
-    n_samples: int,
-    target: Any,
-    tokens: jax.Array,
-    components: Mapping[str, Mapping[str, jax.Array]],
-    ci_lower: Mapping[str, jax.Array],
-    clean_logits: jax.Array,
-    key: jax.Array,
-    clean_stream: jax.Array | None = None,
-    unroll: bool = False,
-    remat: bool = False,
-) -> jax.Array:
-    """Mean over chunks × draws of KL(clean ‖ masked); fp32 scalar.
-
-    tokens [B, T]; clean_logits [B, T, vocab]; components/ci_lower as in
-    :func:`pd_train._forward.masked_forward`; key: this term's key; clean_stream:
-    [L + 1, B, T, hidden] (optional) lets each forward skip the layers before its first live one.
-
-    ``unroll=False``: one ``lax.scan`` over (chunk, draw) pairs whose per-chunk data are arrays;
-    each layer picks live or frozen with ``lax.cond``. ``unroll=True``: a Python loop that traces
-    every (chunk, draw) separately with its liveness static, so each chunk's forward is
-    specialized (frozen layers plain, no ``cond``) — the structure of an unrolled recon plan.
-    """
-    grid = site_grid(spec.decomposition)
-    has_site = grid >= 0
-    grid_idx = np.maximum(grid, 0)
-    chunk_ids = np.repeat(np.arange(plan.n_chunks, dtype=np.int32), n_samples)
-    draw_ids = np.tile(np.arange(n_samples, dtype=np.int32), plan.n_chunks)
-    site_masks = plan.site_masks()[chunk_ids]
-    n_live = plan.n_live()[chunk_ids]
-    batch_shape = tuple(tokens.shape)
-
-    def chunk_kl(chunk: Any, draw: Any, site_mask: Any, live_count: Any) -> jax.Array:
-        """KL of one (chunk, draw); numpy arguments give a forward specialized to them."""
-        xp = np if isinstance(site_mask, np.ndarray) else jnp
-        draw_key = jax.random.fold_in(jax.random.fold_in(key, chunk), draw)
-        live = xp.asarray(has_site) & site_mask[grid_idx]  # [L, K]
-        routed = None
-        if plan.routing == "subset":
-            per_site = _routing(
-                jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(draw_key, 1)
-            )  # [B, T, S]
-            routed = jnp.moveaxis(per_site[..., grid_idx] & has_site, (-2, -1), (0, 1))
-        logits = masked_forward(
-            spec,
-            target=target,
-            tokens=tokens,
-            components=components,
-            ci_lower=ci_lower,
-            live=live,
-            routed=routed,
-            key=jax.random.fold_in(draw_key, 0),
-            clean_stream=clean_stream,
-        )
-        return kl_clean_masked(clean_logits, logits)
-
-    if unroll:
-        total = jnp.zeros((), jnp.float32)
-        for i in range(len(chunk_ids)):
-            fn = functools.partial(
-                chunk_kl, int(chunk_ids[i]), int(draw_ids[i]), site_masks[i], int(n_live[i])
-            )
-            total = total + (jax.checkpoint(fn) if remat else fn)()
-    else:
-
-        def body(acc: jax.Array, x: Mapping[str, jax.Array]) -> tuple[jax.Array, None]:
-            return acc + chunk_kl(x["chunk"], x["draw"], x["site_mask"], x["n_live"]), None
-
-        if remat:
-            body = jax.checkpoint(body)
-        xs = {
-            "chunk": jnp.asarray(chunk_ids),
-            "draw": jnp.asarray(draw_ids),
-            "site_mask": jnp.asarray(site_masks),
-            "n_live": jnp.asarray(n_live),
-        }
-        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
-    return total / (plan.n_chunks * n_samples)
+__all__ = [
+    "ReconPlan",
+    "_routing",
+    "all_sites_plan",
+    "chunkwise_plan",
+    "kl_clean_masked",
+    "recon_loss",
+    "routing_masks",
+    "site_grid",
+]

@@ -272,6 +272,7 @@ class RunDirError(ValueError):
 
 
 #: What a run writes into its run dir that a new run must not write over.
+            seq_len=config.data.seq_len,
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, "checkpoints")
 
 
@@ -494,7 +495,10 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                     training=_training_item(abstract, _abstract_key_data(trainer)),
                 )
                 state = TrainState(
-                    step=training["step"], params=params["params"], opt_state=training["opt_state"]
+                    step=training["step"],
+                    params=params["params"],
+                    opt_state=training["opt_state"],
+                    adversary=training.get("adversary", {}),
                 )
                 run_key = jax.random.wrap_key_data(training["run_key"])
                 metrics_log.truncate_from(start_step)
@@ -628,8 +632,11 @@ def _agreed(flag: bool, placement: Placement) -> bool:
 
 def _training_item(state: Any, run_key_data: Any) -> dict[str, Any]:
     """What only resuming needs. The data position is the step: batches are a pure function of
-    ``(seed, step)``."""
-    return {"step": state.step, "opt_state": state.opt_state, "run_key": run_key_data}
+    ``(seed, step)``. Persistent PGD's sources and their optimizer state ride along."""
+    item = {"step": state.step, "opt_state": state.opt_state, "run_key": run_key_data}
+    if state.adversary:
+        item["adversary"] = state.adversary
+    return item
 
 
 def _abstract_key_data(trainer: Any) -> Any:

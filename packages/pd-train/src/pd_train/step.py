@@ -32,19 +32,32 @@ from pd_train._forward import CleanRunner, ForwardSpec
 from pd_train.ci import make_ci_function
 from pd_train.config import (
     ChunkwiseSubsetRecon,
+    ConfigError,
     Faithfulness,
     ImportanceMinimality,
     PDConfig,
+    PersistentPGDRecon,
+    PGDRecon,
     RuntimeConfig,
     StochasticRecon,
     check_pd_config,
 )
 from pd_train.decomposition import Decomposition, build_decomposition, site_name
-from pd_train.losses import faithfulness, importance_minimality, l0, pnorm_at
+from pd_train.losses import (
+    FreshPGD,
+    PersistentPGD,
+    ReconPlan,
+    all_sites_plan,
+    chunkwise_plan,
+    faithfulness,
+    importance_minimality,
+    l0,
+    pnorm_at,
+    recon_loss,
+)
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, make_optimizer
-from pd_train.recon import ReconPlan, all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.squash import lower_leaky_hard, upper_leaky_hard
 
 __all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
@@ -59,11 +72,14 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 @dataclasses.dataclass(frozen=True)
 class TrainState:
     """Everything the step updates (donated to it). ``step``: int32 []; ``params`` and
-    ``opt_state``: ``{"components": ..., "ci_fn": ...}``."""
+    ``opt_state``: ``{"components": ..., "ci_fn": ...}``; ``adversary``: with a
+    ``persistent_pgd_recon`` term ``{"sources": {kind: [n_k, B | 1, T, C + 1]}, "opt_state":
+    {"count": int32 [], "m"/"v" (adam): like sources}}``, else ``{}``."""
 
     step: Any
     params: dict[str, Any]
     opt_state: dict[str, Any]
+    adversary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _group_name(path: Any) -> str:
@@ -85,6 +101,8 @@ class Trainer:
         runtime: compute dtype and remat switches.
         mesh: a pd-sharding mesh (axes replicate, data, tensor) for the ZeRO-1 layout, or None
             to let JAX place everything (one device).
+        seq_len: T of the train batches; needed (only) by a ``persistent_pgd_recon`` term,
+            whose sources live in the train state with shape [B | 1, T, C + 1] per site.
         compiler_options: XLA options for every jit of the trainer (``jax.jit``'s
             ``compiler_options``), e.g. ``{"xla_backend_optimization_level": 0}``.
 
@@ -100,6 +118,7 @@ class Trainer:
         *,
         mesh: Mesh | None = None,
         compiler_options: Mapping[str, Any] | None = None,
+        seq_len: int | None = None,
     ) -> None:
         check_pd_config(pd)
         self.model = model
@@ -130,6 +149,16 @@ class Trainer:
                 self.plans[i] = all_sites_plan(self.decomposition)
             elif isinstance(term, ChunkwiseSubsetRecon):
                 self.plans[i] = chunkwise_plan(self.decomposition, term.sites_per_chunk)
+            elif isinstance(term, PGDRecon):
+                self.plans[i] = (
+                    all_sites_plan(self.decomposition)
+                    if term.sites_per_chunk is None
+                    else chunkwise_plan(self.decomposition, term.sites_per_chunk)
+                )
+            elif isinstance(term, PersistentPGDRecon):
+                self.plans[i] = all_sites_plan(self.decomposition)
+        self.seq_len = seq_len
+        self.ppgd, self.ppgd_index = self._persistent_pgd(seq_len)
         constrain = self.layout.constrain_batch if self.layout is not None else (lambda x: x)
         self.forward_spec = ForwardSpec(
             model=model,
@@ -153,6 +182,37 @@ class Trainer:
 
     def _jit(self, fn: Any, **kwargs: Any) -> Any:
         return jax.jit(fn, compiler_options=self.compiler_options or None, **kwargs)
+
+    def _persistent_pgd(self, seq_len: int | None) -> tuple[PersistentPGD | None, int | None]:
+        """The persistent-PGD term's sources (or None), after checking what they need."""
+        found = [
+            (i, t) for i, t in enumerate(self.pd.loss_metrics) if isinstance(t, PersistentPGDRecon)
+        ]
+        if not found:
+            return None, None
+        i, term = found[0]
+        where = f"pd.loss_metrics[{i}]"
+        if seq_len is None or seq_len < 1:
+            msg = f"got seq_len={seq_len!r}; a persistent_pgd_recon term needs the batches' T"
+            raise ConfigError([(f"{where} (Trainer seq_len)", msg)])
+        if self.layout is not None and term.scope == "bsc":
+            data = self.layout.data_size
+            if self.pd.batch_size % data:
+                msg = (
+                    f"scope 'bsc' shards its sources [B, T, C + 1] over the data axes (size "
+                    f"{data}), which pd.batch_size {self.pd.batch_size} is not a multiple of; "
+                    "use scope 'sc' or a batch size that is"
+                )
+                raise ConfigError([(f"{where}.scope", msg)])
+        ppgd = PersistentPGD(
+            term,
+            self.decomposition,
+            batch_size=self.pd.batch_size,
+            seq_len=seq_len,
+            total_steps=self.pd.steps,
+            layout=self.layout,
+        )
+        return ppgd, i
 
     # ---------------------------------------------------------------- parameters and state
     def param_specs(self) -> list[pd_init.ArraySpec]:
@@ -316,16 +376,28 @@ class Trainer:
             step=self.layout.replicated(),
             params=self.param_shardings(abstract),
             opt_state=self.opt_state_shardings(abstract),
+            adversary=self.ppgd.shardings() if self.ppgd is not None else {},
         )
 
     def init_state(self, *, key: jax.Array) -> TrainState:
-        """Fresh params (:meth:`init_params`), zeroed optimizer state, step 0."""
+        """Fresh params (:meth:`init_params`), zeroed optimizer state, step 0; with persistent
+        PGD its sources (pd-init, stacked, from the same key: their names differ) and zeroed
+        source optimizer state, all in their shardings."""
         params = self.init_params(key=key)
         opt_state = self._opt_init_fn()(params)
         step = jnp.zeros((), jnp.int32)
         if self.layout is not None:
             step = jax.device_put(step, self.layout.replicated())
-        return TrainState(step=step, params=params, opt_state=opt_state)
+        adversary: dict[str, Any] = {}
+        if self.ppgd is not None:
+            sources = self.ppgd.init_sources(key=key)
+            shardings = self.ppgd.shardings()
+            kwargs = {} if shardings is None else {"out_shardings": shardings["opt_state"]}
+            adversary = {
+                "sources": sources,
+                "opt_state": self._jit(self.ppgd.init_opt_state, **kwargs)(sources),
+            }
+        return TrainState(step=step, params=params, opt_state=opt_state, adversary=adversary)
 
     def _opt_init_fn(self) -> Any:
         if self._opt_init_jit is None:
@@ -343,7 +415,13 @@ class Trainer:
         params = self.abstract_params()
         opt = jax.eval_shape(self._opt_init, params)
         shardings = self.state_shardings()
-        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt)
+        adversary = self.ppgd.abstract_state() if self.ppgd is not None else {}
+        state = TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32),
+            params=params,
+            opt_state=opt,
+            adversary=adversary,
+        )
         if shardings is None:
             return state
         return jax.tree_util.tree_map(
@@ -396,10 +474,16 @@ class Trainer:
         tokens: jax.Array,
         step: jax.Array,
         key: jax.Array,
+        adversary: Mapping[str, Any] | None = None,
+        source_offset: Mapping[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, "pnorm": p}``.
 
-        tokens [B, T] int; step: int []; key: the step key.
+        tokens [B, T] int; step: int []; key: the step key. With a ``persistent_pgd_recon``
+        term: ``adversary`` is ``TrainState.adversary``; its sources first take
+        ``n_warmup_steps`` ascents (params and CI detached), then the term uses them plus
+        ``source_offset`` (zeros of the sources' shapes: its gradient is the sources'
+        gradient); aux gets ``"adversary"``, the warmed sources and optimizer state.
         """
         pd = self.pd
         dt = self.compute_dtype
@@ -412,6 +496,36 @@ class Trainer:
             ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
             ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
             aux["l0"] = l0(ci_lower, pd.l0_threshold)
+        ppgd_sources = None
+        if self.ppgd is not None:
+            if not adversary:
+                msg = "a persistent_pgd_recon term needs the train state's adversary"
+                raise ValueError(msg)
+            i = self.ppgd_index
+            comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
+
+            def objective(sources: dict[str, jax.Array]) -> jax.Array:
+                return recon_loss(
+                    self.forward_spec,
+                    self.plans[i],  # type: ignore[index]
+                    n_samples=1,
+                    target=target,
+                    tokens=tokens,
+                    components=comps_d,
+                    ci_lower=ci_d,
+                    clean_logits=clean_logits,
+                    clean_stream=clean.stream,
+                    key=jax.random.fold_in(key, i),  # type: ignore[arg-type]
+                    sources=sources,
+                )
+
+            warmed, warmed_opt = self.ppgd.warmup(
+                objective, adversary["sources"], adversary["opt_state"], self.ppgd.lr(step)
+            )
+            aux["adversary"] = {"sources": warmed, "opt_state": warmed_opt}
+            ppgd_sources = warmed
+            if source_offset is not None:
+                ppgd_sources = {k: v + source_offset[k] for k, v in warmed.items()}
         total = jnp.zeros((), jnp.float32)
         for i, term in enumerate(pd.loss_metrics):
             term_key = jax.random.fold_in(key, i)
@@ -431,7 +545,7 @@ class Trainer:
                 value = recon_loss(
                     self.forward_spec,
                     self.plans[i],
-                    n_samples=term.n_samples,
+                    n_samples=getattr(term, "n_samples", 1),
                     target=target,
                     tokens=tokens,
                     components=comps,
@@ -441,6 +555,8 @@ class Trainer:
                     key=term_key,
                     unroll=pd.recon.chunk_loop == "unroll",
                     remat=self.runtime.remat.recon,
+                    pgd=FreshPGD.of(term) if isinstance(term, PGDRecon) else None,
+                    sources=ppgd_sources if isinstance(term, PersistentPGDRecon) else None,
                 )
             aux["terms"][term.type] = value
             total = total + term.coeff * value
@@ -450,11 +566,31 @@ class Trainer:
     def _step(
         self, state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
     ) -> tuple[TrainState, dict[str, Any]]:
-        (total, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(
-            state.params, target, tokens, state.step, key
-        )
+        adversary: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
+        if self.ppgd is None:
+            (total, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(
+                state.params, target, tokens, state.step, key
+            )
+        else:
+            # One backward: the zero offset's gradient is the warmed sources' gradient, which
+            # the final ascent uses unscaled (divided by the term's coeff).
+            offset = jax.tree_util.tree_map(jnp.zeros_like, state.adversary["sources"])
+            (total, aux), (grads, source_grads) = jax.value_and_grad(
+                self.loss, argnums=(0, 6), has_aux=True
+            )(state.params, target, tokens, state.step, key, state.adversary, offset)
+            coeff = self.pd.loss_metrics[self.ppgd_index].coeff  # type: ignore[index]
+            lr = self.ppgd.lr(state.step)
+            sources, source_opt = self.ppgd.ascend(
+                aux["adversary"]["sources"],
+                aux["adversary"]["opt_state"],
+                {k: g / coeff for k, g in source_grads.items()},
+                lr,
+            )
+            adversary = {"sources": sources, "opt_state": source_opt}
+            metrics["lr/ppgd"] = lr
         params, opt_state = {}, {}
-        metrics: dict[str, Any] = {f"loss/{k}": v for k, v in aux["terms"].items()}
+        metrics.update({f"loss/{k}": v for k, v in aux["terms"].items()})
         metrics["loss/total"] = total
         for g in GROUPS:
             updates, opt_state[g] = self.tx[g].update(grads[g], state.opt_state[g], state.params[g])
@@ -465,7 +601,9 @@ class Trainer:
             metrics["pnorm"] = aux["pnorm"]
         if "l0" in aux:
             metrics["l0"] = aux["l0"]
-        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        new = TrainState(
+            step=state.step + 1, params=params, opt_state=opt_state, adversary=adversary
+        )
         return new, metrics
 
     def _build_train_step(self) -> Any:
@@ -498,6 +636,13 @@ class Trainer:
 
     def lower_step(self, *, batch_size: int, seq_len: int, target_dtype: Any = jnp.bfloat16) -> Any:
         """Lower the train step on abstract state, target, batch and key (allocates nothing)."""
+        if self.ppgd is not None and (batch_size, seq_len) != (self.pd.batch_size, self.seq_len):
+            msg = (
+                f"lower_step(batch_size={batch_size}, seq_len={seq_len}): the persistent PGD "
+                f"sources were built for pd.batch_size {self.pd.batch_size} and seq_len "
+                f"{self.seq_len}"
+            )
+            raise ValueError(msg)
         shape = (batch_size, seq_len)
         tokens = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding(shape))
         key = jax.eval_shape(lambda: jax.random.key(0))
