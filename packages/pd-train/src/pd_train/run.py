@@ -237,6 +237,7 @@ def start_runtime(
             config.runtime,
             mesh=mesh,
             compiler_options=config.runtime.compiler_options,
+            seq_len=config.data.seq_len,
         )
         # Every sharding rule runs on abstract shapes now, before anything is allocated.
         trainer.abstract_state()
@@ -272,7 +273,6 @@ class RunDirError(ValueError):
 
 
 #: What a run writes into its run dir that a new run must not write over.
-            seq_len=config.data.seq_len,
 RUN_MARKERS = (CONFIG_FILE, METRICS_FILE, "checkpoints")
 
 
