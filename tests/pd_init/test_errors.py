@@ -124,7 +124,8 @@ def test_bad_name_and_group():
 
 def test_bad_initializer():
     with pytest.raises(
-        TypeError, match="init must be Normal, Uniform, Zeros, Custom or a function"
+        TypeError,
+        match="init must be Normal, TruncatedNormal, Uniform, Zeros, Custom or a function",
     ):
         spec(init="normal")
     with pytest.raises(ValueError, match="low must be below high"):

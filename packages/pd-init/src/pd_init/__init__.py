@@ -2,8 +2,9 @@
 
 Arrays with the same shape, dtype and initializer (or an explicit group) are drawn together, by a
 loop over their name-derived keys inside one jit, into one ``[n, *shape]`` output per group, so
-the compile depends on the number of groups, not of arrays. Values equal, element for element,
-those of a per-array jitted init (:meth:`InitPlan.init_reference`).
+the compile depends on the number of groups, not of arrays. For the built-in initializers the
+values equal, bit for bit, those of a per-array jitted init (:meth:`InitPlan.init_reference`)
+and of the initializer called alone; see the README's Guarantees for why.
 
 Key scheme: ``key(name) = jax.random.fold_in(root_key, u32(name))`` where ``u32(name)`` is the
 first 4 bytes of SHA-256 of the UTF-8 name, little-endian (:func:`name_hash`).
@@ -17,7 +18,15 @@ import jax
 from jax.sharding import Sharding
 
 from pd_init._errors import InitSpecError
-from pd_init._initializers import Custom, Initializer, Normal, Uniform, Zeros
+from pd_init._initializers import (
+    Custom,
+    Initializer,
+    Normal,
+    TruncatedNormal,
+    Uniform,
+    Zeros,
+    opaque,
+)
 from pd_init._keys import derive_key, name_hash
 from pd_init._plan import Group, InitPlan, StackedArrays
 from pd_init._spec import ArraySpec
@@ -33,6 +42,7 @@ __all__ = [
     "Initializer",
     "Normal",
     "StackedArrays",
+    "TruncatedNormal",
     "Uniform",
     "Zeros",
     "__version__",
@@ -41,6 +51,7 @@ __all__ = [
     "init_reference",
     "init_stacked",
     "name_hash",
+    "opaque",
 ]
 
 

@@ -30,9 +30,9 @@ class ArraySpec:
     Args:
         name: unique name; the array's key is derived from it (see ``pd_init`` docs).
         shape: the array's shape, e.g. ``(d_in, C)``.
-        dtype: a floating dtype for ``Normal``/``Uniform``; any numeric dtype for ``Zeros`` and
+        dtype: a floating dtype for ``Normal``/``TruncatedNormal``/``Uniform``; any numeric dtype for ``Zeros`` and
             ``Custom``. 64-bit dtypes need ``jax_enable_x64``.
-        init: ``Normal``, ``Uniform``, ``Zeros``, ``Custom`` or a bare function
+        init: ``Normal``, ``TruncatedNormal``, ``Uniform``, ``Zeros``, ``Custom`` or a bare function
             ``fn(key, shape, dtype) -> array`` (wrapped in ``Custom``).
         sharding: the array's target sharding (``NamedSharding`` or ``SingleDeviceSharding``),
             or None for JAX's default placement.
@@ -81,6 +81,10 @@ def _check_dtype(where: str, dtype: Any, init: Initializer) -> np.dtype:
             f"{where}: dtype {normalized} needs jax_enable_x64 (JAX would silently give "
             f"{jnp.dtype(normalized.kind + '4')}); enable x64 or use a 32-bit dtype"
         )
+        raise InitSpecError(msg)
+    problem = init.check_dtype(normalized)
+    if problem is not None:
+        msg = f"{where}: {init.label()} cannot draw {normalized.name}: {problem}"
         raise InitSpecError(msg)
     return normalized
 
