@@ -256,6 +256,29 @@ def test_progress_on_a_terminal_draws_a_tqdm_bar_with_the_losses() -> None:
     assert "step 10/" not in out  # no plain lines
 
 
+def test_progress_bar_rate_and_eta_leave_out_the_first_steps_compile() -> None:
+    """A resumed bar (from step 50 of 100) whose first step took 1 s to compile and whose next
+    steps take ~10 ms: it starts at the resumed step and its ETA is that of the fast steps."""
+    import time
+
+    stream = _Terminal()
+    progress = Progress(100, start_step=50, keys=KEYS, log_every=5, stream=stream)
+    time.sleep(1.0)  # the first step: compile
+    progress.update(50, _metrics(50))
+    for step in range(51, 61):
+        time.sleep(0.01)
+        progress.update(step)
+    bar = progress._bar
+    assert bar is not None
+    d = bar.format_dict
+    assert d["initial"] == 51  # the bar begins at the resumed (and compiled) step
+    rate = (d["n"] - d["initial"]) / d["elapsed"]
+    eta = (d["total"] - d["n"]) / rate
+    assert eta < 2.0, (rate, eta)  # counting the 1 s compile it would be > 4 s
+    progress.close()
+    assert "/100" in stream.getvalue() and " 50/100" not in stream.getvalue()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

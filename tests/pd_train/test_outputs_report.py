@@ -176,8 +176,8 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
     print(text)
     lines = text.splitlines()
     assert lines[0] == "pd-train summary"
-    assert "  run name   tiny" in lines and "  wall time  1h02m" in lines
-    assert "  steps      0..39 (40 logged)" in lines
+    assert "  run name      tiny" in lines and "  wall time     1h02m" in lines
+    assert "  steps logged  0..39 (40 records)" in lines
 
     last = records[-2]  # the last train record (the eval at step 40 follows it)
     assert last["phase"] == "train" and last["step"] == 39
@@ -235,3 +235,26 @@ def test_summary_of_a_run_that_logged_nothing(tmp_path: Path) -> None:
     assert "L0: none logged" in text
     assert "eval (" not in text
     assert f"{tmp_path}/metrics.jsonl  (missing)" in text
+
+
+def test_summary_states_the_last_step_run_not_the_last_logged(tmp_path: Path) -> None:
+    """A run logs every 10 steps but stops (SIGTERM) after step 33 of a resumed attempt: the
+    summary names step 33 and its checkpoint (34), and the attempt's own range."""
+    sites = [site(0, "q_proj")]
+    records = [
+        r
+        for r in write_run(tmp_path, sites)
+        if r["step"] <= 33 and (r["phase"] != "train" or r["step"] % 10 == 9)
+    ]
+    text = render_summary(records, tmp_path, last_step=33, attempt_first_step=20)
+    lines = text.splitlines()
+    assert any(
+        line.split(None, 3)[:3] == ["last", "step", "run"]
+        and line.split(None, 3)[3].startswith(
+            "33 (0-based as in metrics.jsonl; its checkpoint is named 34)"
+        )
+        for line in lines
+    ), text
+    assert any("steps 20..33, resumed from checkpoint 20" in line for line in lines), text
+    logged = max(r["step"] for r in records if r["phase"] == "train")
+    assert logged == 29  # the point: the last logged step is not the last step run

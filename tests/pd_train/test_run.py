@@ -167,8 +167,72 @@ def test_sigterm_saves_and_resume_continues_bit_exactly(
         s: v for s, v in train_losses(uninterrupted).items() if s < saved[-1]
     }
 
-    _finish(_cli("run", "--resume", str(run_dir)))
+    out = _finish(_cli("run", "--resume", str(run_dir)))
     assert train_losses(run_dir) == train_losses(uninterrupted)
+    assert "compiling train_step (cache hit)… " in out, out[-3000:]
+
+    # Same config, same programs: the resume (a fresh process, so no in-memory jit cache)
+    # finds every program it compiles in the persistent cache that fresh starts filled. A
+    # state laid out otherwise than a fresh one (the warmup left the components on shardings
+    # of XLA's choosing) used to lower train_step to another program and miss.
+    resumed = json.loads((run_dir / "compile.json").read_text())
+    compiles = {
+        (name, c["module"]): c["cache"]
+        for name, jit in resumed["jits"].items()
+        for c in jit["compiles"]
+    }
+    assert ("train_step", "jit(train_step)") in compiles, compiles
+    assert all(cache == "hit" for cache in compiles.values()), compiles
+    # The fresh attempt's record is kept beside it, not overwritten.
+    first = json.loads((run_dir / "compile-attempt-1.json").read_text())
+    assert "faithfulness_warmup" in first["jits"]  # only a fresh start warms up
+    assert "faithfulness_warmup" not in resumed["jits"]
+
+
+def _started(proc: subprocess.Popen[str], run_dir: Path) -> None:
+    """Wait until the run has written its run dir (its signal handlers are installed by then)."""
+    deadline = time.time() + 240
+    while not (run_dir / "config.yaml").exists():
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before the signal: {proc.communicate()[0][-3000:]}")
+        assert time.time() < deadline, "run did not start"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_saves_writes_the_summary_and_exits_130(
+    uninterrupted: Path, tmp_path: Path, cache: Path
+) -> None:
+    config = write_config(tmp_path, tiny_config(tmp_path, cache, steps=8))
+    run_dir = tmp_path / "run"
+    proc = _cli("run", str(config), "--run-dir", str(run_dir))
+    _started(proc, run_dir)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "SIGINT: saving at the next step boundary" in out
+    saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] < 8, saved
+    summary = (run_dir / "summary.txt").read_text()
+    assert f"yes (SIGINT after step {saved[-1] - 1})" in summary
+    assert f"last step run  {saved[-1] - 1} " in summary
+    assert list((run_dir / "plots").glob("*.png"))
+
+
+def test_second_ctrl_c_aborts_at_once_with_one_line(tmp_path: Path, cache: Path) -> None:
+    config = write_config(tmp_path, tiny_config(tmp_path, cache, steps=8))
+    run_dir = tmp_path / "run"
+    proc = _cli("run", str(config), "--run-dir", str(run_dir))
+    _started(proc, run_dir)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("pd-train: aborted by a second Ctrl-C"), out[-3000:]
+    assert not (run_dir / "summary.txt").exists()
 
 
 def test_hlo_dump_writes_files_only_when_on(

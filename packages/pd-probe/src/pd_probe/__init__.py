@@ -24,7 +24,7 @@ from pd_probe._overrides import (
     parse_scalar,
     to_overrides,
 )
-from pd_probe._recorder import Recorder, jit_name, peak_rss_bytes
+from pd_probe._recorder import CompileAnnouncer, Recorder, jit_name, peak_rss_bytes
 from pd_probe._report import Report, load_rows, write_report
 from pd_probe._runner import (
     PLACEHOLDERS,
@@ -43,6 +43,7 @@ __all__ = [
     "Arm",
     "ArmPaths",
     "ArmStatus",
+    "CompileAnnouncer",
     "EquivalenceCheck",
     "Grid",
     "GridError",

@@ -16,6 +16,11 @@ pxla.py, pjit.py, compiler.py and compilation_cache.py):
 
 Events are attributed to the innermost :meth:`Recorder.phase` open in the thread, else to the
 function's own name (``jit(step)`` → ``step``).
+
+A cache miss is known before the compile starts through JAX's ``test_event``
+``compile_after_persistent_compilation_miss`` (fired right after the lookup fails); the recorder
+chains itself onto that hook only when given ``on_compile``, to announce each compile as it
+begins (:class:`CompileAnnouncer`: ``compiling train_step (cache miss)… 142 s``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -63,6 +68,7 @@ _MEMORY_FIELDS = (
     "host_temp_size_in_bytes",
     "host_generated_code_size_in_bytes",
 )
+MISS_TEST_EVENT = "compile_after_persistent_compilation_miss"
 _WRAPPED_NAME = re.compile(r"^(?:p?jit)\((.*)\)$|^(?:p?jit)_(.*)$")
 _ENV_PREFIXES = ("JAX_", "XLA_", "TF_", "NCCL_", "CUDA_", "PD_PROBE_")
 
@@ -79,6 +85,27 @@ def peak_rss_bytes() -> int:
     """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+#: jax.numpy / jax.random helpers that JAX compiles as tiny jits of their own (a dtype cast, a
+#: key fold): not announced, they take milliseconds. Names starting with "_" are JAX internals.
+_HELPER_JITS = frozenset(
+    {"convert_element_type", "broadcast_in_dim", "concatenate", "reshape", "squeeze", "copy"}
+    | {"iota", "random_wrap", "random_unwrap", "random_bits", "random_seed", "clip", "fill"}
+)
+
+
+def _is_helper(name: str) -> bool:
+    return name.startswith("_") or name in _HELPER_JITS
+
+
+def _persistent_cache_on() -> bool:
+    import jax
+
+    values = jax.config.values
+    return bool(values.get("jax_compilation_cache_dir")) and bool(
+        values.get("jax_enable_compilation_cache", True)
+    )
 
 
 def _new_jit(from_phase: bool) -> dict[str, Any]:
@@ -119,8 +146,16 @@ class Recorder:
         arm: str | None = None,
         run: int = 1,
         mode: str | None = None,
+        on_compile: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
+        """``on_compile(event, info)``, if given, is called in the compiling thread for every
+        backend compile inside a :meth:`phase`: ``"start"`` when it begins, ``"cache"`` as soon
+        as the persistent-cache outcome is known (``info["cache"]``: ``"hit"`` or ``"miss"``),
+        ``"done"`` when it ends (``info["seconds"]``, final ``info["cache"]``: also ``"off"``).
+        ``info["name"]`` is the phase, ``info["jit"]`` the compiled function's name."""
         self.path = None if path is None else Path(path)
+        self.on_compile = on_compile
+        self._previous_test_listener: Any = None
         self.arm = arm
         self.run = run
         self.mode = mode
@@ -170,10 +205,25 @@ class Recorder:
         return self._jits[name]
 
     # -- jax.monitoring listeners
+    def _announce(self, event: str, compile_: dict[str, Any], **info: Any) -> None:
+        name = compile_.get("phase")
+        if self.on_compile is None or name is None or _is_helper(jit_name(compile_["module"])):
+            return
+        with contextlib.suppress(Exception):  # a display callback must never break a compile
+            self.on_compile(event, {"name": name, "jit": jit_name(compile_["module"]), **info})
+
     def _on_scalar(self, event: str, value: float | int, **kwargs: Any) -> None:
         if event == COMPILE_EVENT:
             module = str(kwargs.get("fun_name", "?"))
-            self._open_compiles().append({"module": module, "cache": "off", "written": False})
+            phases = self._phases()
+            compile_ = {
+                "module": module,
+                "cache": "off",
+                "written": False,
+                "phase": phases[-1] if phases else None,
+            }
+            self._open_compiles().append(compile_)
+            self._announce("start", compile_, cache_enabled=_persistent_cache_on())
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
         open_compiles = self._open_compiles()
@@ -182,8 +232,17 @@ class Recorder:
             target["cache"] = "miss"
         elif event == CACHE_HIT_EVENT:
             target["cache"] = "hit"
+            if open_compiles:
+                self._announce("cache", target, cache="hit")
         elif event == CACHE_WRITE_EVENT:
             target["written"] = True
+
+    def _on_test_event(self, name: str, *args: Any) -> None:
+        if self._previous_test_listener is not None:
+            self._previous_test_listener(name, *args)
+        open_compiles = self._open_compiles()
+        if name == MISS_TEST_EVENT and open_compiles:
+            self._announce("cache", open_compiles[-1], cache="miss")
 
     def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         field = _DURATION_FIELD.get(event)
@@ -208,6 +267,7 @@ class Recorder:
                 "cache": outcome["cache"],
                 "written": outcome["written"],
             }
+            self._announce("done", outcome, cache=outcome["cache"], seconds=duration_secs)
             entry["compiles"].append(compile_entry)
             if entry["first_compile_cache"] is None:
                 entry["first_compile_cache"] = compile_entry["cache"]
@@ -273,7 +333,26 @@ class Recorder:
         self._listeners.append((monitoring.unregister_event_listener, self._on_event))
         monitoring.register_event_duration_secs_listener(self._on_duration)
         self._listeners.append((monitoring.unregister_event_duration_listener, self._on_duration))
+        if self.on_compile is not None:
+            self._hook_miss_event()
         return self
+
+    def _hook_miss_event(self) -> None:
+        try:
+            from jax._src import util as jax_util
+        except ImportError:  # private module moved: misses are then announced when done
+            return
+        if not hasattr(jax_util, "test_event_listener"):
+            return
+        self._previous_test_listener = jax_util.test_event_listener
+        jax_util.test_event_listener = self._on_test_event
+
+        def unhook(_callback: Any) -> None:
+            if jax_util.test_event_listener is self._on_test_event:
+                jax_util.test_event_listener = self._previous_test_listener
+            self._previous_test_listener = None
+
+        self._listeners.append((unhook, None))
 
     def __exit__(
         self,
@@ -322,3 +401,42 @@ class Recorder:
             "notes": dict(self._notes),
             "error": error,
         }
+
+
+class CompileAnnouncer:
+    """An ``on_compile`` callback for :class:`Recorder`: one line per compile on ``stream``
+    (default stderr), begun before the compile and finished after it, e.g.
+    ``compiling train_step (cache miss)… 142.0 s`` or ``compiling init: stacked (cache hit)… 0.3 s``.
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+        self._open: dict[int, bool] = {}  # thread id -> the line's head was written
+
+    def _write(self, text: str) -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(text)
+        stream.flush()
+
+    @staticmethod
+    def _label(info: dict[str, Any]) -> str:
+        name, jit = info["name"], info["jit"]
+        return name if jit in (name, "?") else f"{name}: {jit}"
+
+    def __call__(self, event: str, info: dict[str, Any]) -> None:
+        thread = threading.get_ident()
+        if event == "start":
+            self._open[thread] = not info.get("cache_enabled", True)
+            if self._open[thread]:  # no lookup will tell hit or miss: say so now
+                self._write(f"compiling {self._label(info)} (no cache)… ")
+            return
+        if event == "cache" and not self._open.get(thread, True):
+            self._open[thread] = True
+            self._write(f"compiling {self._label(info)} (cache {info['cache']})… ")
+            return
+        if event == "done":
+            head = self._open.pop(thread, False)
+            if not head:
+                cache = {"off": "no cache"}.get(info["cache"], f"cache {info['cache']}")
+                self._write(f"compiling {self._label(info)} ({cache})… ")
+            self._write(f"{info['seconds']:.1f} s\n")

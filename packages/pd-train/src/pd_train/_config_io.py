@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 import types
 import typing
@@ -93,6 +94,9 @@ def _scalar_hook(expected: type, accepted: tuple[type, ...]) -> Callable[[Any, A
         if not accepted_ok:
             msg = f"got {value!r} ({type(value).__name__}); expected {expected.__name__}"
             raise TypeError(msg)
+        if expected is float and not math.isfinite(value):
+            # .nan passes no comparison and .inf every upper-bound-free one: never a setting.
+            raise ValueError(f"got {value!r}; expected a finite number")
         return expected(value)
 
     return structure
@@ -279,21 +283,44 @@ def to_yaml(config: Any) -> str:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1's float pattern needs a dot (``1e-5`` would be a string); accept 1.2 floats."""
+    """The YAML 1.2 core schema, for config files and ``--set`` values alike (one parser).
+
+    PyYAML implements YAML 1.1, whose implicit types turn ordinary text into something else:
+    ``yes``/``no``/``on``/``off`` into booleans, ``010`` into 8 (octal), ``1:20`` into 80
+    (base 60), ``2024-01-01`` into a date, and it needs a dot in ``1.0e-5`` (``1e-5`` stays a
+    string). Here only ``true``/``false`` are booleans, only ``~``/``null``/empty are null,
+    integers are decimal (or ``0x``/``0o``), floats are 1.2 floats, and all else is a string,
+    which the strict converter then refuses where a number or a boolean is expected.
+    """
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}  # noqa: RUF012 (PyYAML's class-level table)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
+def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    if digits.startswith(("0x", "0X")):
+        return sign * int(digits[2:], 16)
+    if digits.startswith(("0o", "0O")):
+        return sign * int(digits[2:], 8)
+    return sign * int(digits, 10)
+
+
+for _tag, _pattern, _first in (
+    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    (
+        "float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+0123456789.",
     ),
-    list("-+0123456789."),
-)
+    ("merge", r"^(?:<<)$", "<"),
+):
+    _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), list(_first))
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_yaml(text: str) -> Any:
@@ -367,10 +394,15 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        msg = f"config path {str(path)!r} is a directory; expected a YAML file"
+        raise ConfigError([("", msg)])
     if not path.is_file():
         raise ConfigError([("", f"config file {str(path)!r} does not exist")])
     try:
-        raw = load_yaml(path.read_text())
+        raw = load_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError([("", f"not UTF-8 text: {exc}")], source=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError([("", f"not valid YAML: {exc}")], source=str(path)) from None
     if not isinstance(raw, dict):

@@ -8,8 +8,12 @@ Subcommands:
   probe    compile probes of a config through pd-probe
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
   report   one static HTML page of a run
+  tokenize text files → a token .npy, with a GGUF checkpoint's tokenizer
 
-Exit codes: 0 success, 1 failure while running, 2 bad input (config, arguments).
+Exit codes: 0 success (also a run stopped by SIGTERM after saving: SLURM requeues it), 1 failure
+while running, 2 bad input (config, arguments; nothing was written), 130 stopped by Ctrl-C (after
+saving a checkpoint, plots and the summary at the next step boundary; a second Ctrl-C aborts at
+once).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pd_train import __version__
 from pd_train._config_io import add_override_argument
 
 DEFAULT_CONFIG = "builtin:default"
+EXIT_INTERRUPTED = 130  # pd_train.run.EXIT_INTERRUPTED (not imported: it pulls the run module)
 
 
 def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
@@ -34,6 +39,16 @@ def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False)
         help="YAML config (builtin:default names the embedded tiny decomposition)",
     )
     add_override_argument(parser)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a whole number >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {value}; must be >= 1")
+    return value
 
 
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
             "untouched: continue it with --resume RUN_DIR or pick another directory"
         ),
     )
-    p.add_argument("--max-steps", type=int, help="stop after this step (the schedule stays)")
+    p.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        help="stop after this many steps (>= 1; the schedule stays that of pd.steps)",
+    )
     p.add_argument(
         "--distributed",
         choices=("none", "slurm", "explicit"),
@@ -99,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pd_train import analyze_cli
 
     analyze_cli.add_parsers(sub)
+    from pd_train import tokenize_cli
+
+    tokenize_cli.add_parser(sub)
     return parser
 
 
@@ -130,11 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "probe": _probe,
         "analyze": _analyze,
         "report": _report,
+        "tokenize": _tokenize,
     }
     try:
         return handlers[args.command](args)
     except ConfigError as exc:
         return _fail(str(exc))
+    except KeyboardInterrupt:
+        # Ctrl-C outside the step loop (which saves first; see pd_train.run): one line, no
+        # traceback.
+        print("pd-train: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def config_source(value: str) -> str | Path:
@@ -146,9 +174,18 @@ def config_source(value: str) -> str | Path:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from pd_train.run_config import load_config, to_yaml
+    from pd_train.run import prepare
+    from pd_train.run_config import to_yaml
 
-    config, _ = load_config(config_source(args.config), args.overrides)
+    # Validated as `pd-train compile` validates (the target, patterns, cadences), then printed
+    # as written (paths not made absolute); weight and data files are not opened.
+    source = config_source(args.config)
+    prepared = prepare(source, args.overrides, for_run=False)
+    config = prepared.config
+    if not isinstance(source, dict):
+        from pd_train.run_config import load_config
+
+        config, _ = load_config(source, args.overrides)
     print(to_yaml(config), end="")
     return 0
 
@@ -192,6 +229,9 @@ def _run(args: argparse.Namespace) -> int:
         raise
     prepared = runner.prepare(source, args.overrides, resume_dir=resume)
     run_dir = resume or args.run_dir or runner.new_run_dir(prepared.config, base=prepared.base)
+    problem = runner.directory_problem(run_dir, base=Path.cwd())
+    if problem is not None:
+        return _fail(f"--run-dir {run_dir}: {problem}")
     if resume is None and args.run_dir is not None:
         try:
             prepared = runner.resolve_run_dir(prepared, run_dir)
@@ -201,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     result = runner.execute(rt, run_dir=run_dir, max_steps=args.max_steps)
     if placement.is_primary:
         print(result.summary)
-    return 0
+    return runner.EXIT_INTERRUPTED if result.stop_signal == "SIGINT" else 0
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -222,6 +262,12 @@ def _probe(args: argparse.Namespace) -> int:
     from pd_train import probe_cli
 
     return probe_cli.probe(args)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from pd_train import tokenize_cli
+
+    return tokenize_cli.tokenize(args)
 
 
 def _analyze(args: argparse.Namespace) -> int:

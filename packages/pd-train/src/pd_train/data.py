@@ -35,9 +35,17 @@ class DataError(ValueError):
 def _open_tokens(file: Path, dtype: str | None) -> np.ndarray:
     """A read-only memory map of ``file``'s tokens, 1-D."""
     if file.suffix == ".npy":
+        with open(file, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            msg = (
+                f"data: {file} is named .npy but is not a NumPy .npy file (no NumPy header); "
+                "write tokens with numpy.save, or name a raw token file .bin and set data.dtype"
+            )
+            raise DataError(msg)
         try:
             tokens = np.load(file, mmap_mode="r", allow_pickle=False)
-        except ValueError as e:
+        except (ValueError, EOFError, OSError) as e:
             msg = f"data: {file} is not a readable .npy array ({e})"
             raise DataError(msg) from e
         if tokens.ndim != 1:

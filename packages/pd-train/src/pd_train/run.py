@@ -106,6 +106,16 @@ def prepare(
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(model, checkpoint))
     problems.extend(_cadence_problems(config))
+    if model is not None and config.data.seq_len > model.max_position_embeddings:
+        msg = (
+            f"got {config.data.seq_len}, more than the target's max_position_embeddings "
+            f"({model.max_position_embeddings}); must be <= {model.max_position_embeddings}"
+        )
+        problems.append(("data.seq_len", msg))
+    if for_run:
+        problem = directory_problem(Path(config.output_dir).expanduser(), base=Path.cwd())
+        if problem is not None:
+            problems.append(("output_dir", problem))
     if for_run and model is not None:
         for path, where in ((data_path, "data.path"), (eval_path, "data.eval_path")):
             if path is None:
@@ -133,6 +143,27 @@ def prepare(
     )
 
 
+def directory_problem(path: Path, *, base: Path) -> str | None:
+    """Why the directory ``path`` (relative to ``base``) cannot be used or created, or None.
+    Nothing is created: an existing path must be a writable directory; otherwise its nearest
+    existing ancestor must be."""
+    path = path if path.is_absolute() else base / path
+    if path.exists():
+        if not path.is_dir():
+            return f"{str(path)!r} is a file, not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{str(path)!r} is not writable"
+        return None
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {str(path)!r}: {str(ancestor)!r} is a file, not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {str(path)!r}: {str(ancestor)!r} is not writable"
+    return None
+
+
 def _existing(value: str, where: str, base: Path | None) -> Path:
     from pd_train._config_io import FieldValueError
 
@@ -146,9 +177,13 @@ def _existing(value: str, where: str, base: Path | None) -> Path:
 
 
 def _check_architecture_matches(model: Any, checkpoint: Path) -> None:
+    from pd_train.models.gguf import gguf_llama_config, is_gguf
     from pd_train.models.hf import llama_config_from_hf, read_hf_config
 
-    on_disk = llama_config_from_hf(read_hf_config(checkpoint))
+    if is_gguf(checkpoint):
+        on_disk = gguf_llama_config(checkpoint)
+    else:
+        on_disk = llama_config_from_hf(read_hf_config(checkpoint))
     if on_disk != model:
         msg = (
             f"target.architecture differs from {checkpoint}/config.json; drop target.architecture "
@@ -386,38 +421,110 @@ def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Exit code of ``pd-train run`` stopped by Ctrl-C (SIGINT), after its checkpoint, plots and
+#: summary were written (128 + SIGINT, the shell's convention). A SIGTERM stop exits 0: SLURM
+#: requeues the job and the next attempt resumes.
+EXIT_INTERRUPTED = 130
+
+
 class _Stop:
-    """Set by SIGTERM: finish the current step, save, exit 0 (SLURM requeues the job)."""
+    """SIGTERM or Ctrl-C (SIGINT): finish the current step, save, write plots and the summary,
+    and return (``stop_signal`` names the signal). A second Ctrl-C aborts at once: one line on
+    stderr and exit 130, nothing more saved (the last checkpoint stays).
+
+    The second Ctrl-C is seen by a watcher thread through ``signal.set_wakeup_fd`` (written by
+    the C-level handler), so it acts even while the main thread is inside a long XLA compile,
+    where Python signal handlers cannot run.
+    """
 
     def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
+        self.stop_signal: str | None = None
+        self.last_saved: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._sockets: tuple[Any, Any] | None = None
+        self._previous_wakeup = -1
+
+    @property
+    def requested(self) -> bool:
+        return self.stop_signal is not None
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signal.Signals(signum).name
+            again = (
+                " (Ctrl-C again aborts at once, without saving)" if signum == signal.SIGINT else ""
+            )
+            log.warning(
+                "%s: saving at the next step boundary, then exiting%s", self.stop_signal, again
+            )
+
+    def _abort(self) -> None:
+        saved = (
+            f"the last checkpoint is step {self.last_saved}"
+            if self.last_saved is not None
+            else "no checkpoint was saved by this attempt"
+        )
+        os.write(2, f"pd-train: aborted by a second Ctrl-C; {saved}\n".encode())
+        os._exit(EXIT_INTERRUPTED)
+
+    def _watch(self, reader: Any) -> None:
+        interrupts = 0
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                data = b""
+            if not data:
+                reader.close()
+                return
+            interrupts += data.count(int(signal.SIGINT))
+            if interrupts >= 2:
+                self._abort()
 
     def __enter__(self) -> _Stop:
-        def handler(signum: int, _frame: Any) -> None:
-            log.warning("signal %d: saving at the next step boundary, then exiting", signum)
-            self.requested = True
+        import socket
+        import threading
 
-        self._previous = signal.signal(signal.SIGTERM, handler)
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be installed in the main thread
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._sockets = (reader, writer)
+        self._previous_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handler)
+        threading.Thread(target=self._watch, args=(reader,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+        if self._sockets is None:
+            return
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(self._previous_wakeup)
+        self._sockets[1].close()  # the watcher reads end-of-file, closes its end and ends
+        self._sockets = None
 
 
 @dataclass
 class RunResult:
+    """``final_step``: steps finished (the name of the last checkpoint; the last step run is
+    ``final_step - 1`` in metrics.jsonl's 0-based numbering). ``stop_signal``: ``"SIGTERM"`` or
+    ``"SIGINT"`` when a signal stopped the run early, else None."""
+
     run_dir: Path
     final_step: int
     stopped_early: bool
     summary: str
+    stop_signal: str | None = None
 
 
 def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunResult:
     """Run (or resume) the decomposition in ``run_dir``; every process calls this.
 
-    SIGTERM at any point (also during setup or the warmup) stops the run after its next step,
-    with a checkpoint, and returns normally.
+    SIGTERM or Ctrl-C at any point (also during setup or the warmup) stops the run after its
+    next step, with a checkpoint, plots and a summary, and returns normally (``stop_signal``
+    says which); a second Ctrl-C aborts at once (exit 130).
     """
     with _Stop() as stop:
         return _execute(rt, run_dir=run_dir, max_steps=max_steps, stop=stop)
@@ -460,9 +567,14 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 kept = run_dir / f"metrics-attempt-{stamp}-{n}.jsonl"
             os.replace(metrics_file, kept)
             log.warning("run dir %s: an earlier attempt's metrics moved to %s", run_dir, kept.name)
+        _keep_compile_record(run_dir)
     cache_dir = configure_cache(config, disable=rt.hlo_dump_dir is not None)
 
-    recorder = Recorder(run_dir / COMPILE_FILE if primary else None, mode="run")
+    recorder = Recorder(
+        run_dir / COMPILE_FILE if primary else None,
+        mode="run",
+        on_compile=compile_announcer() if primary else None,
+    )
     with recorder:
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
         # ---- target weights, straight into their shardings
@@ -471,14 +583,17 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
         with recorder.phase("load_target"):
             if prepared.checkpoint is not None:
-                _, target = load_llama_checkpoint(
+                from pd_train.models.gguf import is_gguf, load_gguf_checkpoint
+
+                load = load_gguf_checkpoint if is_gguf(prepared.checkpoint) else load_llama_checkpoint
+                _, target = load(
                     prepared.checkpoint, shardings=shardings, dtype=dtype
                 )
             else:
                 init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
                 target = jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
 
-        run_key = jax.random.key(config.seed)
+        run_key = _replicated(trainer, jax.random.key(config.seed))
         # Init and eval keys are folded with numbers no step reaches (steps fold 0, 1, ...).
         init_key = jax.random.fold_in(run_key, 2**31 - 1)
         eval_key = jax.random.fold_in(run_key, 2**31 - 2)
@@ -509,6 +624,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 state, warm = trainer.faithfulness_warmup(state, target)
             for i, value in enumerate(warm):
                 metrics_log.log(i - len(warm), "warmup", {"loss/faithfulness": value})
+        # Fresh, warmed-up and restored states enter the step laid out alike (DESIGN decision 8).
+        state = _canonical_state(trainer, state)
+        run_key = _replicated(trainer, run_key)
 
         dataset = TokenDataset(
             prepared.data_path,  # type: ignore[arg-type]
@@ -551,6 +669,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 key_data = jax.device_put(key_data, trainer.layout.replicated())
             training = _training_item(state, key_data)
             ckpts.save(step, decomposition={"params": state.params}, training=training)
+            stop.last_saved = step
 
         steps = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
         trace = _trace_window(config, run_dir) if primary else None
@@ -594,6 +713,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 save(step)
             if _agreed(stop.requested, placement) and step < steps:
                 stopped_early = True
+                log.warning("stopped by %s after step %d", stop.stop_signal or "a signal", done)
                 break
         progress.close()
         if trace is not None:
@@ -612,11 +732,64 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             run_dir,
             extra={
                 "wall time": f"{time.time() - started:.1f} s",
-                "stopped early (SIGTERM)": "yes" if stopped_early else "no",
+                "stopped early": f"yes ({stop.stop_signal or 'signal'} after step {step - 1})"
+                if stopped_early
+                else "no",
             },
+            last_step=step - 1 if step > 0 else None,
+            attempt_first_step=start_step,
         )
         (run_dir / "summary.txt").write_text(summary)
-    return RunResult(run_dir=run_dir, final_step=step, stopped_early=stopped_early, summary=summary)
+    return RunResult(
+        run_dir=run_dir,
+        final_step=step,
+        stopped_early=stopped_early,
+        summary=summary,
+        stop_signal=stop.stop_signal if stopped_early else None,
+    )
+
+
+def _replicated(trainer: Any, key: Any) -> Any:
+    """``key`` committed to the mesh, replicated: a fresh key and one restored from a checkpoint
+    then give the step (and the ``fold_in`` before it) the same argument sharding."""
+    import jax
+
+    return key if trainer.layout is None else jax.device_put(key, trainer.layout.replicated())
+
+
+def _canonical_state(trainer: Any, state: Any) -> Any:
+    """``state`` on the shardings of :meth:`Trainer.abstract_state`, the layout a checkpoint
+    restores onto. The warmup jit, for one, leaves the components on shardings XLA chose; a
+    state laid out otherwise lowers the step to another program (another persistent-cache key),
+    so a resumed run would miss the cache that its fresh start filled. A no-op where the
+    layouts already agree."""
+    import jax
+
+    if trainer.layout is None:
+        return state
+    shardings = jax.tree.map(lambda a: a.sharding, trainer.abstract_state())
+    return jax.device_put(state, shardings)
+
+
+def _keep_compile_record(run_dir: Path) -> None:
+    """Move an earlier attempt's compile.json to ``compile-attempt-N.json`` (N = 1, 2, ... in
+    the order the attempts ran), so every attempt's compiles stay visible; compile.json is
+    always the latest attempt's."""
+    record = run_dir / COMPILE_FILE
+    if not record.exists():
+        return
+    n = 1
+    while (run_dir / f"compile-attempt-{n}.json").exists():
+        n += 1
+    os.replace(record, run_dir / f"compile-attempt-{n}.json")
+
+
+def compile_announcer(stream: Any = None) -> Any:
+    """A pd-probe ``on_compile`` callback that writes one line per compile to ``stream``
+    (default stderr): ``compiling train_step (cache miss)… 12.3 s``."""
+    from pd_probe import CompileAnnouncer
+
+    return CompileAnnouncer(stream)
 
 
 def _agreed(flag: bool, placement: Placement) -> bool:

@@ -65,8 +65,10 @@ class Progress:
     show nothing. Steps are 0-based: ``update(step)`` means step ``step`` has finished.
 
     ``update`` reads values from ``metrics`` only when it is given, so passing device arrays only
-    on logging steps keeps the loop free of per-step host syncs. The rate in plain lines is
-    measured from the first update on, so the first step's compile time does not skew it.
+    on logging steps keeps the loop free of per-step host syncs. The rate and ETA, in plain
+    lines and on the bar, are measured from the first update on, so the first step's compile
+    time does not skew them: the bar appears at the first update, already at that step (a
+    resumed run's bar starts at its resumed step), and times only the steps after it.
     """
 
     def __init__(
@@ -104,16 +106,18 @@ class Progress:
         self._first: tuple[int, float] | None = None  # (done, time) at the first update
         self._last_line_at = start_step
         self._closed = False
+        self._use_bar = is_primary and bar
         self._bar: tqdm[Any] | None = None
-        if is_primary and bar:
-            self._bar = tqdm(
-                total=total_steps,
-                initial=start_step,
-                file=self.stream,
-                unit="step",
-                dynamic_ncols=True,
-                smoothing=0.1,
-            )
+
+    def _open_bar(self, done: int) -> None:
+        self._bar = tqdm(
+            total=self.total_steps,
+            initial=done,
+            file=self.stream,
+            unit="step",
+            dynamic_ncols=True,
+            smoothing=0.1,
+        )
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         if self._closed or not self.is_primary:
@@ -124,6 +128,13 @@ class Progress:
             self._first = (done, now)
         if metrics is not None:
             self._text = format_metrics(metrics, self.keys)
+        if self._use_bar and self._bar is None:
+            self._open_bar(done)  # the steps so far, with the first one's compile, are not timed
+            assert self._bar is not None
+            if metrics is not None:
+                self._bar.set_postfix_str(self._text)
+            self.done = done
+            return
         if self._bar is not None:
             self._bar.update(done - self.done)
             if metrics is not None:

@@ -145,19 +145,37 @@ def render_summary(
     *,
     extra: Mapping[str, Any] | None = None,
     wall_time_s: float | None = None,
+    last_step: int | None = None,
+    attempt_first_step: int | None = None,
 ) -> str:
     """The summary printed at the end of a run, as text.
 
     ``records``: the run's metric records (:func:`read_metrics`); ``extra``: more ``label:
     value`` lines for the header (e.g. run name, device count); ``wall_time_s``: the run's wall
     time (default: the span of the records' timestamps, which includes any time between a stop
-    and a resume).
+    and a resume). ``last_step``: the last step actually run (0-based, as in metrics.jsonl),
+    which need not be a logged one; ``attempt_first_step``: the step this attempt started at
+    (a resume starts at its checkpoint's step).
+
+    Steps: metrics records number steps from 0 (``step k`` is the (k+1)-th step), a checkpoint
+    is named by the steps it holds finished, so a run whose last step is 7 ends in checkpoint 8.
     """
     run_dir = Path(run_dir)
     train_steps = [r["step"] for r in of_phase(records, "train") if isinstance(r.get("step"), int)]
     header = {"run dir": str(run_dir)}
+    if last_step is not None:
+        header["last step run"] = (
+            f"{last_step} (0-based as in metrics.jsonl; its checkpoint is named {last_step + 1})"
+        )
+        if attempt_first_step:
+            header["this attempt"] = (
+                f"steps {attempt_first_step}..{last_step}, resumed from checkpoint "
+                f"{attempt_first_step}"
+            )
     if train_steps:
-        header["steps"] = f"{min(train_steps)}..{max(train_steps)} ({len(train_steps)} logged)"
+        header["steps logged"] = (
+            f"{min(train_steps)}..{max(train_steps)} ({len(train_steps)} records)"
+        )
     wall = format_duration(wall_time_s) if wall_time_s is not None else _wall_time(records)
     if wall is not None:
         header["wall time"] = wall
