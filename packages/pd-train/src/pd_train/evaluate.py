@@ -101,18 +101,6 @@ def batch_metrics(
     for i, mask in enumerate(MASKS):
         out[f"eval/ce_{mask}"] = ce[i]
         out[f"eval/kl_{mask}"] = kl[i]
-    adversarial: dict[str, Any] = {}
-    if adversary and getattr(trainer, "ppgd", None) is not None:
-        adversarial["ppgd"] = adversary["sources"]
-    if trainer.pd.eval_pgd is not None:
-        comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
-        pgd = FreshPGD.of(trainer.pd.eval_pgd)
-
-        def objective(sources: Any) -> jax.Array:
-            return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
-
-        start = pgd.init_sources(ci_lower, tuple(tokens.shape), key=jax.random.fold_in(key, 1))
-        adversarial["pgd"] = pgd.ascend(objective, start)
 
     def adversarial_logits(comps: Any, ci: Any, sources: Any) -> jax.Array:
         return masked_forward(
@@ -127,6 +115,19 @@ def batch_metrics(
             clean_stream=clean.stream,
             sources=sources,
         )
+
+    adversarial: dict[str, Any] = {}
+    if adversary and getattr(trainer, "ppgd", None) is not None:
+        adversarial["ppgd"] = adversary["sources"]
+    if trainer.pd.eval_pgd is not None:
+        comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
+        pgd = FreshPGD.of(trainer.pd.eval_pgd)
+
+        def objective(sources: Any) -> jax.Array:
+            return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
+
+        start = pgd.init_sources(ci_lower, tuple(tokens.shape), key=jax.random.fold_in(key, 1))
+        adversarial["pgd"] = pgd.ascend(objective, start)
 
     for name, sources in adversarial.items():
         logits = adversarial_logits(comps, ci_lower, sources)
