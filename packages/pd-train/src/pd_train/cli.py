@@ -8,6 +8,7 @@ Subcommands:
   probe    compile probes of a config through pd-probe
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
   report   one static HTML page of a run
+  tokenize text files → a token .npy, with a GGUF checkpoint's tokenizer
 
 Exit codes: 0 success (also a run stopped by SIGTERM after saving: SLURM requeues it), 1 failure
 while running, 2 bad input (config, arguments; nothing was written), 130 stopped by Ctrl-C (after
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pd_train import analyze_cli
 
     analyze_cli.add_parsers(sub)
+    from pd_train import tokenize_cli
+
+    tokenize_cli.add_parser(sub)
     return parser
 
 
@@ -148,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "probe": _probe,
         "analyze": _analyze,
         "report": _report,
+        "tokenize": _tokenize,
     }
     try:
         return handlers[args.command](args)
@@ -257,6 +262,12 @@ def _probe(args: argparse.Namespace) -> int:
     from pd_train import probe_cli
 
     return probe_cli.probe(args)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from pd_train import tokenize_cli
+
+    return tokenize_cli.tokenize(args)
 
 
 def _analyze(args: argparse.Namespace) -> int:

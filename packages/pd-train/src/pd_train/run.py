@@ -177,9 +177,13 @@ def _existing(value: str, where: str, base: Path | None) -> Path:
 
 
 def _check_architecture_matches(model: Any, checkpoint: Path) -> None:
+    from pd_train.models.gguf import gguf_llama_config, is_gguf
     from pd_train.models.hf import llama_config_from_hf, read_hf_config
 
-    on_disk = llama_config_from_hf(read_hf_config(checkpoint))
+    if is_gguf(checkpoint):
+        on_disk = gguf_llama_config(checkpoint)
+    else:
+        on_disk = llama_config_from_hf(read_hf_config(checkpoint))
     if on_disk != model:
         msg = (
             f"target.architecture differs from {checkpoint}/config.json; drop target.architecture "
@@ -579,9 +583,12 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
         with recorder.phase("load_target"):
             if prepared.checkpoint is not None:
-                _, target = load_llama_checkpoint(
-                    prepared.checkpoint, shardings=shardings, dtype=dtype
+                from pd_train.models.gguf import is_gguf, load_gguf_checkpoint
+
+                load = (
+                    load_gguf_checkpoint if is_gguf(prepared.checkpoint) else load_llama_checkpoint
                 )
+                _, target = load(prepared.checkpoint, shardings=shardings, dtype=dtype)
             else:
                 init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
                 target = jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))

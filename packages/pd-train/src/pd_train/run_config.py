@@ -100,6 +100,7 @@ def resolve_path(value: str, *, base: Path | None = None) -> Path:
             "tiny_llama": assets.tiny_llama_path,
             "tiny_corpus": assets.tiny_corpus_path,
             "tiny_corpus_val": lambda: assets.tiny_corpus_path("val"),
+            **_smollm2_builtins(),
         }
         if name not in builtins:
             msg = f"got {value!r}; builtin assets are " + ", ".join(
@@ -111,6 +112,16 @@ def resolve_path(value: str, *, base: Path | None = None) -> Path:
     if not path.is_absolute() and base is not None:
         path = base / path
     return path
+
+
+def _smollm2_builtins() -> dict[str, Any]:
+    from pd_train.assets import smollm2
+
+    return {
+        "smollm2": smollm2.smollm2_gguf_path,
+        "smollm2_corpus": smollm2.smollm2_corpus_path,
+        "smollm2_corpus_val": lambda: smollm2.smollm2_corpus_path("val"),
+    }
 
 
 def target_architecture(target: TargetConfig, *, base: Path | None = None) -> LlamaConfig:
@@ -133,7 +144,19 @@ def target_architecture(target: TargetConfig, *, base: Path | None = None) -> Ll
     if target.checkpoint is None:
         msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
         raise ConfigError([("target.architecture", msg)])
-    path = resolve_path(target.checkpoint, base=base)
+    try:
+        path = resolve_path(target.checkpoint, base=base)
+    except (FieldValueError, FileNotFoundError) as exc:
+        raise ConfigError([("target.checkpoint", str(exc))]) from None
+    from pd_train.models.gguf import is_gguf
+
+    if is_gguf(path):  # a llama.cpp GGUF file: the architecture is in its metadata
+        from pd_train.models.gguf import gguf_llama_config
+
+        try:
+            return gguf_llama_config(path)
+        except ValueError as exc:
+            raise ConfigError([("target.checkpoint", str(exc))]) from None
     if not (path / "config.json").is_file():
         msg = f"{str(path)!r} has no config.json; expected a Hugging Face checkpoint directory"
         raise ConfigError([("target.checkpoint", msg)])

@@ -1,0 +1,73 @@
+"""``pd-train tokenize``: text files → one token ``.npy`` with a GGUF checkpoint's tokenizer.
+
+    pd-train tokenize notes.txt more.txt --checkpoint builtin:smollm2 --out tokens.npy
+
+Each file is one document, followed by a separator token (``--separator``, default the GGUF's
+EOS). The output is what ``data.path`` reads. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "tokenize"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "tokenize",
+        help="tokenize text files into a .npy of token ids (tokenizer from a GGUF checkpoint)",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "text_files",
+        nargs="+",
+        type=Path,
+        metavar="TEXT_FILES",
+        help="UTF-8 text, one document per file",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a .gguf file whose tokenizer.ggml.* metadata holds the tokenizer (builtin:smollm2 names SmolLM2-135M)",
+    )
+    p.add_argument("--out", required=True, type=Path, help="the token file to write (.npy)")
+    p.add_argument(
+        "--separator", help="token appended after each document (default: the GGUF's EOS token)"
+    )
+    p.set_defaults(handler=tokenize)
+    return p
+
+
+def tokenize(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from pd_train._config_io import FieldValueError
+    from pd_train.run_config import resolve_path
+    from pd_train.tokenizer import TokenizerError, tokenize_files
+
+    try:
+        checkpoint = resolve_path(args.checkpoint)
+    except (FieldValueError, FileNotFoundError) as exc:
+        print(f"pd-train: error: --checkpoint: {exc}", file=sys.stderr)
+        return 2
+    total = sum(f.stat().st_size for f in args.text_files if f.is_file())
+    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr) as bar:
+        try:
+            tokens = tokenize_files(
+                args.text_files,
+                checkpoint=checkpoint,
+                out=args.out,
+                separator=args.separator,
+                progress=bar.update,
+            )
+        except TokenizerError as exc:
+            print(f"pd-train: error: {exc}", file=sys.stderr)
+            return 2
+    print(
+        f"wrote {tokens.size} {tokens.dtype} tokens from {len(args.text_files)} file(s) to {args.out}"
+    )
+    return 0
