@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+import cattrs.gen
 import yaml
 from cattrs.errors import (
     ClassValidationError,
@@ -151,8 +152,63 @@ def _is_optional_class(tp: Any) -> bool:
     return len(members) == 1
 
 
+def _reported_fields(exc: BaseException) -> set[str]:
+    if isinstance(exc, FieldValueError):
+        return {re.split(r"[.\[]", exc.field, maxsplit=1)[0]}  # "setup[0]" is about "setup"
+    names = {n.name for n in getattr(exc, "__notes__", []) or [] if hasattr(n, "name")}
+    for sub in getattr(exc, "exceptions", ()):
+        names |= _reported_fields(sub)
+    return names
+
+
+def _other_field_problems(
+    converter: cattrs.Converter, value: Any, cls: type, reported: set[str]
+) -> list[Exception]:
+    """The validator problems of ``cls``'s fields not yet ``reported``: attrs runs validators
+    only on a complete instance, one at a time, and stops at the first; each field's value is
+    structured and validated here on its own, so a section's problems are reported together."""
+    if not isinstance(value, Mapping):
+        return []
+    hints = typing.get_type_hints(cls)
+    out: list[Exception] = []
+    for a in attrs.fields(cls):
+        if a.validator is None or a.name in reported or a.name not in value:
+            continue
+        try:
+            structured = converter.structure(value[a.name], hints[a.name])
+        except Exception:  # a type problem: its own error is reported already
+            continue
+        try:
+            a.validator(None, a, structured)
+        except FieldValueError as e:
+            out.append(e)
+        except (ValueError, TypeError) as e:
+            out.append(FieldValueError(a.name, str(e)))
+        except Exception:  # a validator that needs the whole instance: judged on it
+            continue
+    return out
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
+
+    def attrs_hook(cls: type) -> Callable[[Any, Any], Any]:
+        base: Callable[[Any, Any], Any] = cattrs.gen.make_dict_structure_fn(cls, converter)
+
+        def structure_attrs(value: Any, _type: Any) -> Any:
+            try:
+                return base(value, cls)
+            except (ClassValidationError, FieldValueError) as exc:
+                more = _other_field_problems(converter, value, cls, _reported_fields(exc))
+                if not more:
+                    raise
+                first = list(exc.exceptions) if isinstance(exc, ClassValidationError) else [exc]
+                msg = f"While structuring {cls.__name__}"
+                raise ClassValidationError(msg, [*first, *more], cls) from None
+
+        return structure_attrs
+
+    converter.register_structure_hook_factory(attrs.has, attrs_hook)
     converter.register_structure_hook(int, _scalar_hook(int, (int,)))
     converter.register_structure_hook(float, _scalar_hook(float, (int, float)))
     converter.register_structure_hook(bool, _scalar_hook(bool, (bool,)))
@@ -267,7 +323,7 @@ def structure(raw: Any, cls: type[T], *, source: str | None = None) -> T:
     except (ClassValidationError, IterableValidationError, FieldValueError, TypeError) as exc:
         problems: list[tuple[str, str]] = []
         _collect(exc, "", problems)
-        raise ConfigError(problems, source=source) from None
+        raise ConfigError(list(dict.fromkeys(problems)), source=source) from None
 
 
 def unstructure(config: Any) -> Any:

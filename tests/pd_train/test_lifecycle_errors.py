@@ -1,0 +1,166 @@
+"""Ordinary mistakes with `pd-train run` and `pd-train config` (issue 16, item 5): each is a
+clear error naming the field or argument, exit 2, and nothing written — all decided before a
+device is touched, so every case runs in-process in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from pd_train.cli import main
+
+from .test_run import tiny_config
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def _config(tmp: Path, **top: Any) -> Path:
+    raw = tiny_config(tmp, tmp / "cache")
+    raw.update(top)
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _refused(tmp: Path, capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
+    before = _snapshot(tmp)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    assert "Traceback" not in err
+    assert _snapshot(tmp) == before  # nothing written
+    assert not (tmp / "runs").exists()
+    return err
+
+
+def test_output_dir_that_is_a_file_or_not_creatable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")
+    config = _config(tmp_path, output_dir=str(tmp_path / "afile"))
+    _refused(tmp_path, capsys, ["run", str(config)], "output_dir:", "is a file, not a directory")
+    config = _config(tmp_path, output_dir=str(tmp_path / "afile" / "runs"))
+    _refused(tmp_path, capsys, ["run", str(config)], "output_dir:", "cannot create")
+    config = _config(tmp_path)
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--run-dir", str(tmp_path / "afile" / "r")],
+        "--run-dir",
+        "cannot create",
+    )
+
+
+def test_builtin_typos_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(tmp_path)
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--set", "data.path=builtin:tiny_corpsu"],
+        "data.path:",
+        "builtin:tiny_corpus",
+    )
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--set", "target.checkpoint=builtin:tiny_lama"],
+        "target.checkpoint:",
+        "builtin:tiny_llama",
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_max_steps_must_be_a_whole_number_above_zero(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(config), "--max-steps", value])
+    assert info.value.code == 2
+    assert "--max-steps" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_path_that_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "configs").mkdir()
+    for command in ("run", "config"):
+        err = _refused(tmp_path, capsys, [command, str(tmp_path / "configs")], "is a directory")
+        assert "does not exist" not in err
+
+
+def test_a_file_named_npy_that_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    (tmp_path / "text.npy").write_text("the cat sat on the mat\n")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    for name in ("text.npy", "empty.npy"):
+        _refused(
+            tmp_path,
+            capsys,
+            ["run", str(config), "--set", f"data.path={tmp_path / name}"],
+            "data.path:",
+            "not a NumPy .npy file",
+        )
+
+
+def test_seq_len_longer_than_the_target_allows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)  # the tiny architecture: max_position_embeddings 2048
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--set", "data.seq_len=4096"],
+        "data.seq_len: got 4096, more than the target's max_position_embeddings (2048)",
+    )
+
+
+def test_pd_train_config_validates_what_it_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path)
+    pattern = "pd.decomposition_targets[0].module_pattern=layers.*.nothing"
+    _refused(tmp_path, capsys, ["config", str(config), "--set", pattern], "decomposition_targets")
+    assert main(["config", str(config)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["path"] == str(tmp_path / "tokens.npy")
+
+
+def test_all_problems_of_a_section_are_reported_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """attrs stops at a section's first failing validator, and at a type error before any;
+    every problem is listed, each with its field."""
+    config = _config(tmp_path)
+    sets = ["pd.steps=-1", "pd.batch_size=0", "pd.components.lr=fast", "cadence.eval_every=-2"]
+    argv = ["config", str(config)] + [a for s in sets for a in ("--set", s)]
+    _refused(
+        tmp_path,
+        capsys,
+        argv,
+        "pd.steps: got -1; must be > 0",
+        "pd.batch_size: got 0; must be > 0",
+        "pd.components.lr: got 'fast' (str); expected float",
+        "cadence.eval_every: got -2; must be >= 0",
+    )
+
+
+def test_tokens_fixture_is_valid(tmp_path: Path) -> None:
+    """The baseline every case above changes one thing of: it passes validation."""
+    from pd_train.run import prepare
+
+    config = _config(tmp_path)
+    assert np.load(tmp_path / "tokens.npy").size == 20_000
+    prepare(config)
