@@ -149,3 +149,49 @@ def test_ci_mlps_use_the_exact_gelu_not_the_tanh_approximation() -> None:
     np.testing.assert_allclose(np.asarray(got)[:, 0, 0], _gelu(x), rtol=0, atol=1e-6)
     # The transformers' MLPs call the same function.
     np.testing.assert_allclose(np.asarray(gelu(jnp.asarray(x))), _gelu(x), rtol=0, atol=1e-6)
+
+
+def test_site_ci_params_keep_the_names_groups_and_values_they_had() -> None:
+    """mlp / shared_mlp arrays keep the pd-init names, groups and initializers of the per-kind
+    code before the CI package (same names => same keys => same values): a stack's row equals
+    pd-init's reference draw under the literal old name and init."""
+    import pd_init
+    from pd_train.config import DecompositionTarget
+    from pd_train.decomposition import build_decomposition
+
+    from .test_recon import MODEL
+
+    dec = build_decomposition(
+        MODEL, [DecompositionTarget(module_pattern="layers.*.mlp.up_proj", C=3)]
+    )
+    fn = MLPCIFunction(hidden_dims=(4,))
+    arrays = fn.arrays(dec)
+    assert [(a.name, a.group) for a in arrays[:4]] == [
+        ("layers.0.mlp.up_proj.ci_fn.w0", "ci_fn.up_proj.w0"),
+        ("layers.0.mlp.up_proj.ci_fn.b0", "ci_fn.up_proj.b0"),
+        ("layers.0.mlp.up_proj.ci_fn.w_out", "ci_fn.up_proj.w_out"),
+        ("layers.0.mlp.up_proj.ci_fn.b_out", "ci_fn.up_proj.b_out"),
+    ]
+    specs = [
+        pd_init.ArraySpec(name=a.name, shape=a.shape, init=a.init, group=a.group) for a in arrays
+    ]
+    stacks = pd_init.InitPlan(specs).init_stacked(key=jax.random.key(5)).stacks
+    old = pd_init.init_reference(
+        [
+            pd_init.ArraySpec(
+                name="layers.1.mlp.up_proj.ci_fn.w0",
+                shape=(3, 4),
+                init=pd_init.Normal(std=2.0**0.5),
+            )
+        ],
+        key=jax.random.key(5),
+    )
+    np.testing.assert_array_equal(
+        np.asarray(stacks["ci_fn.up_proj.w0"][1]), np.asarray(old["layers.1.mlp.up_proj.ci_fn.w0"])
+    )
+    shared = SharedMLPCIFunction(hidden_dims=(6,)).arrays(dec)
+    assert [(a.name, a.group, a.shape) for a in shared[:2]] == [
+        ("layers.0.mlp.up_proj.ci_fn.w0", "ci_fn.up_proj.w0", (16, 6)),
+        ("layers.0.mlp.up_proj.ci_fn.b0", "ci_fn.up_proj.b0", (6,)),
+    ]
+    assert shared[0].init == pd_init.Normal(std=(2.0 / 16) ** 0.5)

@@ -300,3 +300,43 @@ def test_global_transformer_takes_any_decomposition() -> None:
     )
     assert fn.tap_kinds() == ("q_proj", "v_proj")
     assert fn.input_dim() == 4 * 16
+
+
+@pytest.mark.parametrize(
+    ("ci", "message"),
+    [
+        (
+            {
+                "type": "chunkwise_transformer",
+                "blocks_per_chunk": 3,
+                "d_model": 16,
+                "n_blocks": 1,
+                "n_heads": 2,
+                "mlp_hidden": 8,
+            },
+            "pd.ci.blocks_per_chunk: got 3, which does not divide the 2 decomposed layers",
+        ),
+        (
+            {
+                "type": "global_transformer",
+                "d_model": 16,
+                "n_blocks": 1,
+                "n_heads": 5,
+                "mlp_hidden": 8,
+            },
+            "pd.ci.n_heads: got 5, which does not divide d_model 16",
+        ),
+        ({"type": "chunk_transformer"}, "pd.ci.type: got 'chunk_transformer'; must be one of"),
+    ],
+    ids=["blocks_per_chunk", "n_heads", "type"],
+)
+def test_bad_ci_config_from_the_cli_writes_nothing(tmp_path, capsys, ci, message) -> None:
+    from pd_train.cli import main
+
+    from .test_run import tiny_config, write_config
+
+    config = write_config(tmp_path, tiny_config(tmp_path, tmp_path / "cache", ci=ci))
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()
