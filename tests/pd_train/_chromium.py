@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -40,6 +41,12 @@ def find_chromium() -> str | None:
     return None
 
 
+def _above_9(fd: int) -> int:
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return moved
+
+
 class Browser:
     """``with Browser() as b: b.open(url); b.evaluate("1 + 1"); b.screenshot(path)``."""
 
@@ -53,13 +60,16 @@ class Browser:
         self._profile = tempfile.mkdtemp(prefix="pd-chromium-")
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
+        # The child's ends go above fd 9, so moving them onto 3 and 4 cannot clobber either.
+        to_child_r, from_child_w = (_above_9(fd) for fd in (to_child_r, from_child_w))
+        self._log = open(Path(self._profile) / "chromium.log", "wb")  # noqa: SIM115
 
         # The shell moves the pipe ends to the fds Chromium expects: 3 reads commands, 4 writes
         # replies.
         script = f'exec "$0" "$@" 3<&{to_child_r} 4>&{from_child_w}'
         self._proc = subprocess.Popen(
             [
-                "sh",
+                "bash",  # dash refuses fds above 9 in redirections
                 "-c",
                 script,
                 executable,
@@ -69,8 +79,8 @@ class Browser:
                 "about:blank",
             ],
             pass_fds=(to_child_r, from_child_w),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -87,7 +97,8 @@ class Browser:
                 raise TimeoutError(msg)
             chunk = os.read(self._from_child, 1 << 16)
             if not chunk:
-                msg = f"chromium closed the pipe (exit {self._proc.poll()})"
+                log = (Path(self._profile) / "chromium.log").read_text(errors="replace")[-2000:]
+                msg = f"chromium closed the pipe (exit {self._proc.poll()}): {log}"
                 raise RuntimeError(msg)
             self._buffer += chunk
         raw, self._buffer = self._buffer.split(b"\0", 1)
@@ -100,7 +111,12 @@ class Browser:
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if self.session is not None and not method.startswith(("Target.", "Browser.")):
             message["sessionId"] = self.session
-        os.write(self._to_child, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._to_child, json.dumps(message).encode() + b"\0")
+        except BrokenPipeError:
+            log = (Path(self._profile) / "chromium.log").read_text(errors="replace")[-2000:]
+            msg = f"chromium is gone (exit {self._proc.poll()}): {log}"
+            raise RuntimeError(msg) from None
         deadline = time.monotonic() + timeout
         while True:
             reply = self._read_message(deadline)
@@ -196,6 +212,7 @@ class Browser:
         for fd in (self._to_child, self._from_child):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._log.close()
         shutil.rmtree(self._profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:

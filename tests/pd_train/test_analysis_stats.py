@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import pd_sharding
 from pd_train.analysis import (
+    EvalComponentStats,
     component_counts,
     grouped_l0,
     harvest_update,
@@ -140,3 +141,31 @@ def test_harvest_top_k_matches_brute_force(rows: int, length: int, top_k: int, w
         np.testing.assert_array_equal(got["top_ci"], ref["top_ci"])
         np.testing.assert_array_equal(got["top_where"], ref["top_where"])
         np.testing.assert_array_equal(got["top_window"], ref["top_window"])
+
+
+def test_eval_component_stats_record_by_hand() -> None:
+    """Two eval batches of 6 tokens each: densities, mean CI, alive counts and L0 groups."""
+    stats = EvalComponentStats(DEC)
+    q = {"active": np.array([[3, 0, 1], [6, 6, 0]]), "ci_sum": np.array([[1.5, 0, 0.5], [6, 3, 0]])}
+    down = {"active": np.array([[0, 1, 2, 3, 0]]), "ci_sum": np.array([[0, 0.5, 1, 1.5, 0.25]])}
+    for _ in range(2):
+        stats.add(
+            {
+                "active": {"q_proj": q["active"], "down_proj": down["active"]},
+                "ci_sum": {"q_proj": q["ci_sum"], "down_proj": down["ci_sum"]},
+            },
+            n_tokens=6,
+        )
+    record = stats.record()
+    np.testing.assert_allclose(record["density/layers.0.self_attn.q_proj"], [0.5, 0, 1 / 6])
+    np.testing.assert_allclose(record["ci_mean/layers.1.self_attn.q_proj"], [1.0, 0.5, 0])
+    np.testing.assert_allclose(record["density/layers.1.mlp.down_proj"], [0, 1 / 6, 1 / 3, 0.5, 0])
+    assert record["alive/layers.0.self_attn.q_proj"] == 2
+    assert record["alive/layers.1.self_attn.q_proj"] == 2
+    assert record["alive/layers.1.mlp.down_proj"] == 3
+    # L0 of a site = Σ_c density: q0 = 2/3, q1 = 2, down1 = 1.
+    assert record["l0_group/layer.0"] == pytest.approx(2 / 3)
+    assert record["l0_group/layer.1"] == pytest.approx(3.0)
+    assert record["l0_group/kind.q_proj"] == pytest.approx(8 / 3)
+    assert record["l0_group/kind.down_proj"] == pytest.approx(1.0)
+    assert record["l0_group/total"] == pytest.approx(11 / 3)

@@ -95,11 +95,10 @@ def analyze(args: argparse.Namespace) -> int:
     out = args.out or analysis_path(args.run_dir, step)
     write_table(table, out)
     meta = table.metadata
-    rate = meta["n_tokens"] / max(meta["harvest_seconds"], 1e-9)
     print(
         f"{meta['n_alive']}/{meta['n_components']} components alive at step {step} "
-        f"(ci_lower > {meta['threshold']:g} on {meta['n_tokens']} tokens, {rate:,.0f} tokens/s); "
-        f"wrote {out}"
+        f"(ci_lower > {meta['threshold']:g} on {meta['n_tokens']} tokens, harvested in "
+        f"{meta['harvest_seconds']:.1f} s with the compile); wrote {out}"
     )
     return 0
 

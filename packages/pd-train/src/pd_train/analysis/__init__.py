@@ -19,12 +19,19 @@ from pd_train.analysis.components import (
     write_table,
 )
 from pd_train.analysis.harvest import Harvester, HarvestResult, harvest_update, init_harvest_state
-from pd_train.analysis.statistics import ci_lower_of, component_counts, grouped_l0, l0_groups
+from pd_train.analysis.statistics import (
+    EvalComponentStats,
+    ci_lower_of,
+    component_counts,
+    grouped_l0,
+    l0_groups,
+)
 from pd_train.analysis.vocab import Vocabulary, load_vocabulary
 
 __all__ = [
     "AnalysisError",
     "ComponentTable",
+    "EvalComponentStats",
     "HarvestResult",
     "Harvester",
     "Vocabulary",

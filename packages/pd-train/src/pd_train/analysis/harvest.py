@@ -286,10 +286,15 @@ class _Bar:
         if self._bar is not None:
             self._bar.update(done - self._bar.n)
             return
+        now = time.perf_counter()
+        if done == 1:  # the rate leaves out the first batch, which includes the compile
+            self.started = now
         if done % self.every == 0 or done == self.total:
-            elapsed = max(time.perf_counter() - self.started, 1e-9)
-            rate = done * self.tokens / elapsed
-            line = f"analyze: batch {done}/{self.total} ({100 * done // self.total}%) | {rate:,.0f} tokens/s"
+            line = f"analyze: batch {done}/{self.total} ({100 * done // self.total}%)"
+            if done > 1:
+                line += (
+                    f" | {(done - 1) * self.tokens / max(now - self.started, 1e-9):,.0f} tokens/s"
+                )
             print(line, file=sys.stderr, flush=True)
 
     def close(self) -> None:

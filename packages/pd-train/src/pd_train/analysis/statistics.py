@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "MAX_LOGGED_COMPONENTS",
+    "EvalComponentStats",
     "ci_lower_of",
     "component_counts",
     "grouped_l0",
@@ -83,3 +85,55 @@ def grouped_l0(
     """``{group: Σ_{site in group} L0(site)}``: the mean number of active components per token in
     each group (``site_l0``: ``{site name: L0}``, e.g. the ``l0/<site>`` of a metrics record)."""
     return {name: float(np.sum([site_l0[s] for s in members])) for name, members in groups.items()}
+
+
+#: Per-component vectors of a site go into a metrics record only up to this many components
+#: (``pd_train.outputs``' limit on logged arrays); larger sites log their summaries only.
+MAX_LOGGED_COMPONENTS = 4096
+
+
+class EvalComponentStats:
+    """Sums :func:`component_counts` over eval batches on the host and turns them into the
+    eval record's entries:
+
+    * ``density/<site>``: [C] activation density per component (fraction of tokens with
+      ci_lower > threshold) and ``ci_mean/<site>``: [C] mean ci_lower per component — for sites
+      with at most :data:`MAX_LOGGED_COMPONENTS` components;
+    * ``alive/<site>``: components with density > 0 on the eval batches;
+    * ``l0_group/<group>``: CI-L0 per group of :func:`l0_groups` (``layer.{i}``,
+      ``kind.{kind}``, ``total``): the mean number of active components per token in the group.
+    """
+
+    def __init__(self, decomposition: Any) -> None:
+        self.sites = list(decomposition.sites)
+        self.groups = l0_groups(self.sites)
+        self.active: dict[str, np.ndarray] = {}
+        self.ci_sum: dict[str, np.ndarray] = {}
+        self.tokens = 0
+
+    def add(self, counts: Mapping[str, Mapping[str, Any]], n_tokens: int) -> None:
+        """counts: one batch's :func:`component_counts` (on the host); n_tokens: the batch's
+        global token count (B·T)."""
+        for name in ("active", "ci_sum"):
+            total = getattr(self, name)
+            for kind, value in counts[name].items():
+                value = np.asarray(value, np.float64)
+                total[kind] = total[kind] + value if kind in total else value
+        self.tokens += int(n_tokens)
+
+    def record(self) -> dict[str, Any]:
+        if not self.tokens:
+            return {}
+        out: dict[str, Any] = {}
+        site_l0 = {}
+        for site in self.sites:
+            density = self.active[site.kind][site.index] / self.tokens
+            site_l0[site.name] = float(density.sum())
+            out[f"alive/{site.name}"] = int(np.count_nonzero(density))
+            if density.size <= MAX_LOGGED_COMPONENTS:
+                out[f"density/{site.name}"] = density.astype(np.float32)
+                mean = self.ci_sum[site.kind][site.index] / self.tokens
+                out[f"ci_mean/{site.name}"] = mean.astype(np.float32)
+        for group, value in grouped_l0(site_l0, self.groups).items():
+            out[f"l0_group/{group}"] = value
+        return out
