@@ -8,7 +8,14 @@ cattrs only: it runs on a login node without jax.
 """
 
 from pd_launch._distributed import SlurmProcess, expand_hostlist, slurm_process
-from pd_launch._env import KEPT_NAMES, SCRUBBED_PREFIXES, ScrubbedEnvironment, scrub_environment
+from pd_launch._env import (
+    KEPT_NAMES,
+    SCRUBBED_NAMES,
+    SCRUBBED_PREFIXES,
+    ScrubbedEnvironment,
+    is_scrubbed,
+    scrub_environment,
+)
 from pd_launch._errors import (
     JobFailedError,
     JobSpecError,
@@ -21,7 +28,7 @@ from pd_launch._errors import (
     UnknownPartitionError,
 )
 from pd_launch._io import job_from_dict, job_to_dict, load_job
-from pd_launch._job import JobSpec, render_script, time_limit_seconds
+from pd_launch._job import JobSpec, path_problem, render_script, time_limit_seconds
 from pd_launch._slurm import (
     FINAL_STATES,
     JobStatus,
@@ -39,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FINAL_STATES",
     "KEPT_NAMES",
+    "SCRUBBED_NAMES",
     "SCRUBBED_PREFIXES",
     "JobFailedError",
     "JobSpec",
@@ -58,10 +66,12 @@ __all__ = [
     "__version__",
     "cancel",
     "expand_hostlist",
+    "is_scrubbed",
     "job_from_dict",
     "job_status",
     "job_to_dict",
     "load_job",
+    "path_problem",
     "prepare_submission",
     "render_script",
     "scrub_environment",

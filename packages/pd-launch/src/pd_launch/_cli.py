@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="pd-launch",
         description=(
             "Submit SLURM jobs with an environment scrubbed of the caller's SLURM_*, SBATCH_*, "
-            "SRUN_*, SALLOC_* and PMIX_* variables (SLURM_CONF kept)."
+            "SRUN_*, SALLOC_*, PMI_*, PMIX_* and other launchers' rank variables (SLURM_CONF "
+            "kept)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"pd-launch {__version__}")

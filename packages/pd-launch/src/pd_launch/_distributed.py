@@ -21,8 +21,10 @@ from pd_launch._errors import SlurmStepError
 _PORT_BASE = 20000
 _PORT_SPAN = 10000
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+# ASCII digits only: \d and int() also accept other scripts' digits ('٣', '３').
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_TASKS_PER_NODE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
+_INTEGER = re.compile(r"[0-9]+")
 
 
 def _split_top_level(text: str, separator: str = ",") -> list[str]:
@@ -125,11 +127,11 @@ def _require_int(env: Mapping[str, str], name: str) -> int:
             "script, an salloc shell and their children are not steps; launch the command with srun"
         )
         raise SlurmStepError(msg)
-    try:
-        return int(value)
-    except ValueError:
-        msg = f"{name}={value!r} is not an integer"
-        raise SlurmStepError(msg) from None
+    # int() would also take ' 3', '+3', '1_0' and non-ASCII digits; SLURM writes plain digits.
+    if _INTEGER.fullmatch(value) is None:
+        msg = f"{name}={value!r} is not an integer (ASCII digits)"
+        raise SlurmStepError(msg)
+    return int(value)
 
 
 def slurm_process(env: Mapping[str, str], *, port: int | None = None) -> SlurmProcess:

@@ -6,15 +6,64 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-# sbatch copies the caller's environment into the job, and srun inside the job reads these
-# prefixes as its own options: an inherited SLURM_NTASKS starts the wrong number of tasks, an
-# inherited SLURM_MEM_PER_CPU next to the job's SLURM_MEM_PER_NODE kills srun, an inherited
-# SLURM_CPU_BIND pins ranks to the caller's cores. SBATCH_*/SALLOC_* are read as options by
-# sbatch itself, PMIX_* describe the caller's own process-management session.
-SCRUBBED_PREFIXES: tuple[str, ...] = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMIX_")
+# sbatch copies the caller's environment into the job, and what runs inside reads these as its
+# own: srun reads SLURM_* as options (an inherited SLURM_NTASKS starts the wrong number of
+# tasks, an inherited SLURM_MEM_PER_CPU next to the job's SLURM_MEM_PER_NODE kills srun, an
+# inherited SLURM_CPU_BIND pins ranks to the caller's cores), sbatch and salloc read SBATCH_*
+# and SALLOC_* (and scrun SCRUN_*) as options. The rest describe the caller's own place in a
+# parallel launch, which the new job's processes would take for theirs: slurmd's SLURMD_NODENAME;
+# PMI-1/PMI-2 (srun --mpi=pmi2, MPICH/Hydra, Intel MPI, Cray: PMI_RANK, PMI_SIZE, PMI_FD,
+# PMI_JOBID, ...); PMIx (PMIX_RANK, PMIX_NAMESPACE, PMIX_SERVER_URI*, ...); PRRTE (PRTE_*);
+# Open MPI's launch-time variables (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_*, the OMPI_MCA_orte_*,
+# OMPI_MCA_ess* and OMPI_MCA_pmix* ones mpirun sets, OMPI_UNIVERSE_SIZE, ...: jax's own
+# Open MPI detection reads these); MVAPICH2 (MV2_COMM_WORLD_*, MPIRUN_* of mpirun_rsh);
+# Hydra's MPI_LOCALRANKID/MPI_LOCALNRANKS; Cray PALS (PALS_RANKID, PALS_NODEID, ...).
+# Settings a user chooses (OMPI_MCA_btl_*, I_MPI_*, UCX_*, NCCL_*) are kept.
+SCRUBBED_PREFIXES: tuple[str, ...] = (
+    "SLURM_",
+    "SLURMD_",
+    "SBATCH_",
+    "SRUN_",
+    "SALLOC_",
+    "SCRUN_",
+    "PMI_",
+    "PMIX_",
+    "PRTE_",
+    "OMPI_COMM_WORLD_",
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_pmix",
+    "OMPI_MCA_prte_",
+    "MV2_COMM_WORLD_",
+    "MPIRUN_",
+    "PALS_",
+)
+
+# Single launch-time names outside those prefixes.
+SCRUBBED_NAMES: frozenset[str] = frozenset(
+    {
+        "OMPI_UNIVERSE_SIZE",
+        "OMPI_FIRST_RANKS",
+        "OMPI_APP_CTX_NUM_PROCS",
+        "OMPI_NUM_APP_CTX",
+        "OMPI_FILE_LOCATION",
+        "OMPI_COMMAND",
+        "OMPI_ARGV",
+        "OMPI_MCA_initial_wdir",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+    }
+)
 
 # Where to find the cluster, not something an allocation sets.
 KEPT_NAMES: frozenset[str] = frozenset({"SLURM_CONF"})
+
+
+def is_scrubbed(name: str) -> bool:
+    """Whether the scrub rule removes a variable called ``name`` (before ``keep``/overrides)."""
+    return (name.startswith(SCRUBBED_PREFIXES) or name in SCRUBBED_NAMES) and (
+        name not in KEPT_NAMES
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -33,7 +82,8 @@ class ScrubbedEnvironment:
 def scrub_environment(
     env: Mapping[str, str], *, keep: Iterable[str] = (), overrides: Mapping[str, str] | None = None
 ) -> ScrubbedEnvironment:
-    """``env`` without SLURM_*, SBATCH_*, SRUN_*, SALLOC_*, PMIX_* (except SLURM_CONF).
+    """``env`` without the variables of :data:`SCRUBBED_PREFIXES` and :data:`SCRUBBED_NAMES`
+    (SLURM_*, SBATCH_*, PMI_*, PMIX_*, OMPI_COMM_WORLD_*, ...), except SLURM_CONF.
 
     Args:
         env: the caller's environment (e.g. ``os.environ``); not modified.
@@ -45,7 +95,7 @@ def scrub_environment(
     clean: dict[str, str] = {}
     removed: list[str] = []
     for name, value in env.items():
-        if name.startswith(SCRUBBED_PREFIXES) and name not in kept:
+        if is_scrubbed(name) and name not in kept:
             removed.append(name)
         else:
             clean[name] = value

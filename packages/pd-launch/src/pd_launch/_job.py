@@ -13,36 +13,61 @@ import attrs
 
 from pd_launch._errors import JobSpecError
 
+# Every pattern is ASCII-only: Python's \d and int() accept any script's digits ('٣', '３'),
+# which sbatch refuses. Values must also be ASCII strings (``_ascii``) before a pattern runs,
+# so that e.g. 'ınfınıte'.upper() == 'INFINITE' cannot pass either.
 # SLURM's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_FORMATS = (
-    re.compile(r"(?P<m>\d+)"),
-    re.compile(r"(?P<m>\d+):(?P<s>\d{1,2})"),
-    re.compile(r"(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})"),
-    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2})"),
-    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2})"),
-    re.compile(r"(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"),
+    re.compile(r"(?P<m>[0-9]+)"),
+    re.compile(r"(?P<m>[0-9]+):(?P<s>[0-9]{1,2})"),
+    re.compile(r"(?P<h>[0-9]+):(?P<m>[0-9]{1,2}):(?P<s>[0-9]{1,2})"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]{1,2})"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]{1,2}):(?P<m>[0-9]{1,2})"),
+    re.compile(r"(?P<d>[0-9]+)-(?P<h>[0-9]{1,2}):(?P<m>[0-9]{1,2}):(?P<s>[0-9]{1,2})"),
 )
 _UNLIMITED = ("UNLIMITED", "INFINITE")
 _TIME_HELP = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED)"
-_SIGNAL = re.compile(r"(?:(?P<scope>[BR]):)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<secs>\d+))?")
-_MEMORY = re.compile(r"\d+[KMGT]?")
+_SIGNAL = re.compile(r"(?:(?P<scope>[BR]):)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<secs>[0-9]+))?")
+_MEMORY = re.compile(r"[0-9]+[KMGT]?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:,[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_IN_DIRECTIVE = re.compile(r"[\s\"'\\]")
+_LONG_OPTION = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+_SHORT_OPTION = re.compile(r"-[A-Za-z]")
+# A path in a directive: sbatch reads '#SBATCH' lines with quotes grouping words (so a space is
+# fine inside "..."), a backslash escaping the next character and an unquoted '#' starting a
+# comment. Paths made only of these characters are written bare, any other inside "...".
+_BARE_PATH = re.compile(r"[A-Za-z0-9_./%:@+,=~-]+")
 
-# Options the description renders itself; an extra directive may not set them a second time.
+# Options the description renders itself, or that would break what pd-launch does with the job
+# (one job, found by its comment, submitted with --parsable, in a scrubbed environment); an
+# extra directive may not set them. Keys are as sbatch spells them in full; an abbreviation
+# sbatch would expand to one of them is caught too (see _resolve_option).
 _MANAGED_OPTIONS = {
     "--job-name": "name",
     "-J": "name",
     "--nodes": "nodes",
     "-N": "nodes",
     "--ntasks-per-node": "tasks_per_node",
+    "--tasks-per-node": "tasks_per_node",
+    "--ntasks": "tasks_per_node (tasks = nodes × tasks_per_node)",
+    "-n": "tasks_per_node (tasks = nodes × tasks_per_node)",
+    "--ntasks-per-gpu": "tasks_per_node",
+    "--ntasks-per-tres": "tasks_per_node",
     "--cpus-per-task": "cpus_per_task",
     "-c": "cpus_per_task",
+    "--cpus-per-gpu": "cpus_per_task",
+    "--tres-per-task": "cpus_per_task / gpus_per_node",
     "--gpus-per-node": "gpus_per_node",
+    "--gpus": "gpus_per_node",
+    "-G": "gpus_per_node",
+    "--gpus-per-task": "gpus_per_node",
+    "--gpus-per-socket": "gpus_per_node",
     "--mem": "memory",
     "--mem-per-cpu": "mem_per_cpu",
+    "--mem-per-gpu": "memory / mem_per_cpu (SLURM allows one of --mem, --mem-per-cpu, "
+    "--mem-per-gpu)",
     "--time": "time",
     "-t": "time",
     "--partition": "partition",
@@ -60,8 +85,75 @@ _MANAGED_OPTIONS = {
     "--chdir": "chdir",
     "-D": "chdir",
     "--export": "env (pd-launch controls the submission environment)",
+    "--export-file": "env (pd-launch controls the submission environment)",
+    "--get-user-env": "env (pd-launch controls the submission environment)",
     "--comment": "none (pd-launch tags each submission with a comment to find it again)",
+    "--parsable": "none (pd-launch passes it to read the job id)",
+    "--array": "none (pd-launch submits and follows one job)",
+    "-a": "none (pd-launch submits and follows one job)",
+    "--wait": "none (use pd-launch's wait)",
+    "-W": "none (use pd-launch's wait)",
+    "--test-only": "none (no job would be created; use a dry run)",
+    "--wrap": "command",
 }
+
+# sbatch's long options, to resolve abbreviations the way sbatch's getopt_long does: an exact
+# name wins, else a prefix of exactly one option means that option, and a prefix of several is
+# an error. The SLURM 22.05 ones are read from Debian 12's sbatch itself (its "ambiguous;
+# possibilities: ..." answer to --a= through --z=), plus later releases' additions.
+_SBATCH_LONG_OPTION_NAMES = """
+    account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters
+    comment constraint container context container-id contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu
+    cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export
+    export-file extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus gpus-per-node
+    gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs input job-name
+    kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu
+    mem-per-gpu mincpus network nice no-kill no-requeue nodefile nodelist nodes ntasks
+    ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres
+    oom-kill-step open-mode
+    output overcommit oversubscribe parsable partition power prefer priority profile propagate
+    qos quiet reboot requeue reservation segment signal sockets-per-node spread-job switches
+    tasks-per-node test-only thread-spec threads-per-core time time-min tmp tres-bind
+    tres-per-task uid usage use-min-nodes verbose version wait wait-all-nodes wckey wrap
+"""
+_SBATCH_LONG_OPTIONS = frozenset("--" + name for name in _SBATCH_LONG_OPTION_NAMES.split())
+
+
+def _resolve_option(option: str) -> tuple[str, tuple[str, ...]]:
+    """The long option sbatch reads ``option`` as, and the candidates when it is ambiguous.
+
+    An option sbatch does not list (a newer SLURM's) resolves to itself: sbatch is its judge.
+    """
+    if option in _SBATCH_LONG_OPTIONS:
+        return option, ()
+    candidates = tuple(sorted(o for o in _SBATCH_LONG_OPTIONS if o.startswith(option)))
+    if len(candidates) == 1:
+        return candidates[0], ()
+    return option, candidates
+
+
+def path_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a path in an ``#SBATCH`` line, or None when it can.
+
+    Spaces, ``'`` and ``#`` are fine (the path is then written inside double quotes); a path
+    must be a non-empty string without double quotes, backslashes, line breaks or other control
+    characters (sbatch reads backslashes and quotes as escapes, a line break ends the line).
+    """
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if not value.isprintable() or '"' in value or "\\" in value:
+        return (
+            "must not contain double quotes, backslashes, line breaks or other control "
+            "characters (it goes into an #SBATCH line)"
+        )
+    return None
+
+
+def _directive_path(option: str, path: str) -> str:
+    """``--option=path``, the path in double quotes unless it needs none."""
+    if _BARE_PATH.fullmatch(path):
+        return f"{option}={path}"
+    return f'{option}="{path}"'
 
 
 def time_limit_seconds(time: str) -> int | None:
@@ -71,6 +163,12 @@ def time_limit_seconds(time: str) -> int | None:
         JobSpecError: ``time`` is not one of SLURM's formats, has a field out of range (seconds
             or minutes after hours >= 60, hours after days >= 24) or is zero.
     """
+    if not isinstance(time, str):
+        msg = f"time={time!r} must be a string in a SLURM format: {_TIME_HELP}"
+        raise JobSpecError(msg)
+    if not time.isascii():
+        msg = f"time={time!r} must be ASCII (digits 0-9); use one of {_TIME_HELP}"
+        raise JobSpecError(msg)
     if time.upper() in _UNLIMITED:
         return None
     for pattern in _TIME_FORMATS:
@@ -106,7 +204,7 @@ def _check_time(_instance: Any, _attribute: Any, value: str) -> None:
 def _check_signal(_instance: Any, _attribute: Any, value: str | None) -> None:
     if value is None:
         return
-    match = _SIGNAL.fullmatch(value)
+    match = _SIGNAL.fullmatch(value) if isinstance(value, str) and value.isascii() else None
     if match is None:
         msg = (
             f"signal={value!r} is not a SLURM --signal value; use [B:|R:]SIG[@SECONDS], "
@@ -124,6 +222,12 @@ def _check_signal(_instance: Any, _attribute: Any, value: str | None) -> None:
         raise JobSpecError(msg)
     if match["secs"] is not None and int(match["secs"]) > 65535:
         msg = f"signal={value!r}: SLURM allows at most 65535 seconds before the limit"
+        raise JobSpecError(msg)
+
+
+def _required(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        msg = f"{attribute.name}=None: a value is required"
         raise JobSpecError(msg)
 
 
@@ -145,8 +249,8 @@ def _matches(pattern: re.Pattern[str], allowed: str) -> Any:
     def check(_instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
         if value is None:
             return
-        if not isinstance(value, str) or pattern.fullmatch(value) is None:
-            msg = f"{attribute.name}={value!r} is not allowed; expected {allowed}"
+        if not isinstance(value, str) or not value.isascii() or pattern.fullmatch(value) is None:
+            msg = f"{attribute.name}={value!r} is not allowed; expected {allowed} (ASCII)"
             raise JobSpecError(msg)
 
     return check
@@ -155,11 +259,15 @@ def _matches(pattern: re.Pattern[str], allowed: str) -> Any:
 def _check_path(_instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
     if value is None:
         return
-    if not isinstance(value, str) or not value or _UNSAFE_IN_DIRECTIVE.search(value):
-        msg = (
-            f"{attribute.name}={value!r} must be a non-empty path without whitespace, quotes or "
-            "backslashes (it goes into an #SBATCH line); SLURM patterns like %j are fine"
-        )
+    problem = path_problem(value)
+    if problem is not None:
+        msg = f"{attribute.name}={value!r} {problem}; SLURM patterns like %j are fine"
+        raise JobSpecError(msg)
+
+
+def _check_bool(_instance: Any, attribute: attrs.Attribute[Any], value: bool) -> None:
+    if not isinstance(value, bool):
+        msg = f"{attribute.name}={value!r} must be true or false"
         raise JobSpecError(msg)
 
 
@@ -185,23 +293,39 @@ def _check_env(_instance: Any, _attribute: Any, value: Mapping[str, str]) -> Non
 
 def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> None:
     for i, item in enumerate(value):
-        if (
-            not isinstance(item, str)
-            or not item.startswith("-")
-            or _UNSAFE_IN_DIRECTIVE.search(item)
-        ):
+        where = f"extra_directives[{i}]={item!r}"
+        if not isinstance(item, str) or not item.isascii() or _UNSAFE_IN_DIRECTIVE.search(item):
             msg = (
-                f"extra_directives[{i}]={item!r} must be one sbatch option like "
-                "'--constraint=a100' (no whitespace or quotes)"
+                f"{where} must be one sbatch option like '--constraint=a100' (ASCII, no "
+                "whitespace or quotes)"
             )
             raise JobSpecError(msg)
-        option = item.split("=", 1)[0]
-        if not option.startswith("--"):
-            option = option[:2]
-        if option in _MANAGED_OPTIONS:
+        written = item.split("=", 1)[0]
+        if _LONG_OPTION.fullmatch(written):
+            option, ambiguous = _resolve_option(written)
+            if ambiguous:
+                msg = (
+                    f"{where}: sbatch reads {written} as an abbreviation of any of "
+                    f"{', '.join(ambiguous)} and refuses it; write the option in full"
+                )
+                raise JobSpecError(msg)
+        elif _SHORT_OPTION.fullmatch(item[:2]):
+            option = item[:2]  # -n4, -n=4 and -n all set -n
+        else:
             msg = (
-                f"extra_directives[{i}]={item!r} sets {option}, which the job description owns; "
-                f"use the field {_MANAGED_OPTIONS[option]!r} instead"
+                f"{where} must be one sbatch option like '--constraint=a100': a long option "
+                "(--name[=value]) or a short one (-x[value])"
+            )
+            raise JobSpecError(msg)
+        if option in _MANAGED_OPTIONS:
+            spelled = (
+                option
+                if option == written or not written.startswith("--")
+                else (f"{option} (abbreviated {written})")
+            )
+            msg = (
+                f"{where} sets {spelled}, which the job description owns; use the field "
+                f"{_MANAGED_OPTIONS[option]!r} instead"
             )
             raise JobSpecError(msg)
 
@@ -213,12 +337,25 @@ def _freeze_env(value: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-def _to_tuple(value: Any) -> tuple[str, ...]:
+def _to_tuple(field: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         # A bare string would otherwise become a tuple of characters.
-        msg = f"expected a list of strings, got the string {value!r}; split it into arguments"
+        msg = (
+            f"{field}={value!r}: expected a list of strings, got a string; split it into arguments"
+        )
+        raise JobSpecError(msg)
+    if not isinstance(value, list | tuple):
+        msg = f"{field}={value!r}: expected a list of strings, got {type(value).__name__}"
         raise JobSpecError(msg)
     return tuple(value)
+
+
+def _command_tuple(value: Any) -> tuple[str, ...]:
+    return _to_tuple("command", value)
+
+
+def _directives_tuple(value: Any) -> tuple[str, ...]:
+    return _to_tuple("extra_directives", value)
 
 
 @attrs.frozen(kw_only=True)
@@ -255,9 +392,11 @@ class JobSpec:
             ``("--constraint=a100", "--qos=high")``; options the fields above own are refused.
     """
 
-    name: str = attrs.field(validator=_matches(_NAME, "letters, digits, '.', '_', '-'"))
-    command: tuple[str, ...] = attrs.field(converter=_to_tuple, validator=_check_command)
-    nodes: int = attrs.field(default=1, validator=_positive)
+    name: str = attrs.field(
+        validator=[_required, _matches(_NAME, "letters, digits, '.', '_', '-'")]
+    )
+    command: tuple[str, ...] = attrs.field(converter=_command_tuple, validator=_check_command)
+    nodes: int = attrs.field(default=1, validator=[_required, _positive])
     tasks_per_node: int | None = attrs.field(default=1, validator=_positive)
     cpus_per_task: int | None = attrs.field(default=None, validator=_positive)
     gpus_per_node: int = attrs.field(default=0, validator=_non_negative)
@@ -275,7 +414,7 @@ class JobSpec:
         default=None, validator=_matches(_NAME, "letters, digits, '.', '_', '-'")
     )
     signal: str | None = attrs.field(default=None, validator=_check_signal)
-    requeue: bool = False
+    requeue: bool = attrs.field(default=False, validator=_check_bool)
     output: str | None = attrs.field(default=None, validator=_check_path)
     error: str | None = attrs.field(default=None, validator=_check_path)
     chdir: str | None = attrs.field(default=None, validator=_check_path)
@@ -283,7 +422,7 @@ class JobSpec:
         factory=dict, converter=_freeze_env, validator=_check_env, hash=False
     )
     extra_directives: tuple[str, ...] = attrs.field(
-        default=(), converter=_to_tuple, validator=_check_extra
+        default=(), converter=_directives_tuple, validator=_check_extra
     )
 
     def __attrs_post_init__(self) -> None:
@@ -331,13 +470,13 @@ def render_script(job: JobSpec) -> str:
         directives.append(f"--signal={job.signal}")
     directives.append("--requeue" if job.requeue else "--no-requeue")
     if job.output is not None:
-        directives.append(f"--output={job.output}")
+        directives.append(_directive_path("--output", job.output))
     if job.error is not None:
-        directives.append(f"--error={job.error}")
+        directives.append(_directive_path("--error", job.error))
     # Append so a requeued or restarted job keeps the earlier attempt's log.
     directives.append("--open-mode=append")
     if job.chdir is not None:
-        directives.append(f"--chdir={job.chdir}")
+        directives.append(_directive_path("--chdir", job.chdir))
     directives.extend(job.extra_directives)
 
     srun = ["srun", "--kill-on-bad-exit=1"]

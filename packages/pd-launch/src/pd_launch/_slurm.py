@@ -175,8 +175,9 @@ def submit(
 ) -> Submission:
     """Submit ``job`` with ``sbatch --parsable`` from a scrubbed copy of ``env``.
 
-    The caller's SLURM_*, SBATCH_*, SRUN_*, SALLOC_* and PMIX_* variables are removed (SLURM_CONF
-    and the job's own ``env`` stay), so a submission from inside an allocation behaves like one
+    The caller's SLURM_*, SBATCH_*, SRUN_*, SALLOC_*, PMI_*, PMIX_* and other launchers' rank
+    variables are removed (see :func:`scrub_environment`; SLURM_CONF and the job's own ``env``
+    stay), so a submission from inside an allocation behaves like one
     from a login shell.
 
     Args:
