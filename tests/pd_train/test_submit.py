@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pd_train import _config_io, cli
 from pd_train.launch_cli import snapshot_code
@@ -44,6 +46,12 @@ TINY = {
 }
 
 ACCEPT = '#!/bin/bash\nprintf \'%s\\n\' "$@" > "$0.args"\necho 4242\n'
+# Records the environment sbatch runs with (bash builtins only: PATH holds nothing else), then
+# accepts.
+ENV_RECORDING = (
+    '#!/bin/bash\nfor n in $(compgen -e); do echo "$n=${!n}"; done > "$0.env"\n'
+    'printf \'%s\\n\' "$@" > "$0.args"\necho 4242\n'
+)
 REJECT = (
     '#!/bin/bash\nprintf \'%s\\n\' "$@" > "$0.args"\n'
     "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition "
@@ -58,8 +66,10 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work.mkdir()
     (work / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     monkeypatch.chdir(work)
+    from pd_launch import is_scrubbed
+
     for name in list(os.environ):
-        if name.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMIX_")):
+        if is_scrubbed(name):
             monkeypatch.delenv(name)
     return work
 
@@ -132,7 +142,14 @@ def test_dry_run_needs_no_sbatch(
     ("override", "path", "words"),
     [
         ("launch.time='1:99:00'", "launch.time", "minutes after hours must be below 60"),
-        ("launch.time=4:00:00", "launch.time", "got the number 14400; write the time limit as"),
+        ("launch.time=14400", "launch.time", "got the number 14400; a time limit is a string"),
+        ("launch.time=٣٠", "launch.time", "must be ASCII"),
+        ("launch.signal=TERM@３0", "launch.signal", "not a SLURM --signal value"),
+        ("launch.mem=٣G", "launch.mem", "(ASCII)"),
+        ("launch.job_name='my job'", "launch.job_name", "job_name='my job' is not allowed"),
+        ("launch.extra_directives=[--job-na=x]", "launch.extra_directives", "--job-name"),
+        ("launch.extra_directives=[-n4]", "launch.extra_directives", "sets -n"),
+        ("launch.extra_directives=[--mem-per-gpu=1G]", "launch.extra_directives", "memory"),
         ("launch.nodes=0", "launch.nodes", "must be > 0"),
         ("launch.signal=TERM@600", "launch.signal", "told to stop as it starts"),
         ("launch.gpus=1", "launch.gpus", "unknown field"),
@@ -367,3 +384,182 @@ def test_job_command_resumes_from_a_finished_checkpoint(
     else:
         expected = f"-m pd_train.cli run {run_dir}/config.yaml --run-dir {run_dir} {flags}"
     assert result.stdout == f"setup ran\n{expected}\n"
+
+
+# --------------------------------------------------------------------- issue 14, item 5
+
+
+def test_a_config_that_sets_job_name_loads_and_names_the_job(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It failed to load: the name was passed twice to pd-launch's JobSpec check."""
+    assert LaunchConfig(job_name="my-job").job_name == "my-job"
+    assert _config_io.structure({"job_name": "my-job"}, LaunchConfig).job_name == "my-job"
+    assert cli.main(["submit", "tiny.yaml", "--dry-run", "--set", "launch.job_name=my-job"]) == 0
+    assert "#SBATCH --job-name=my-job\n" in capsys.readouterr().out
+
+
+def test_pmi_variables_of_the_caller_do_not_reach_the_job(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submitted from inside a PMI-2 step (srun --mpi=pmi2), the job inherited its rank."""
+    sbatch = _fake_sbatch(tmp_path, monkeypatch, ENV_RECORDING)
+    assert sbatch is not None
+    for name, value in (("PMI_RANK", "3"), ("PMI_SIZE", "8"), ("PMI_FD", "5"), ("PMI_JOBID", "9")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    assert cli.main(["submit", "tiny.yaml", "--run-dir", "r"]) == 0
+    seen = Path(f"{sbatch}.env").read_text().splitlines()
+    assert not [line for line in seen if line.startswith(("PMI_", "OMPI_COMM_WORLD_"))], seen
+    assert "NCCL_DEBUG=INFO" in seen
+    record = json.loads((workdir / "r" / "submission.json").read_text())
+    assert record["removed_env"] == [
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_FD",
+        "PMI_JOBID",
+        "PMI_RANK",
+        "PMI_SIZE",
+    ]
+
+
+def test_run_dir_and_working_directory_with_spaces_are_submitted_quoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were refused as a problem with output=/chdir=, fields the user never set."""
+    work = tmp_path / "my work"
+    work.mkdir()
+    (work / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    monkeypatch.chdir(work)
+    _fake_sbatch(tmp_path, monkeypatch, ACCEPT)
+    assert cli.main(["submit", "tiny.yaml", "--run-dir", "my runs/r 1"]) == 0, capsys.readouterr()
+    run_dir = work / "my runs" / "r 1"
+    script = (run_dir / "job.sh").read_text()
+    assert f'#SBATCH --output="{run_dir}/logs/slurm-%j.out"\n' in script
+    assert f'#SBATCH --chdir="{work}"\n' in script
+    assert f"export PD_RUN_DIR='{run_dir}'\n" in script
+    assert (run_dir / "logs").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("run_dir", "cwd_name", "names"),
+    [
+        ('r"1', "work", "--run-dir: the run dir"),
+        ("r", 'wo"rk', "the working directory"),
+    ],
+)
+def test_a_path_sbatch_cannot_read_back_names_what_the_user_set(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    run_dir: str,
+    cwd_name: str,
+    names: str,
+) -> None:
+    work = tmp_path / cwd_name
+    work.mkdir()
+    (work / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    monkeypatch.chdir(work)
+    sbatch = _fake_sbatch(tmp_path, monkeypatch, ACCEPT)
+    assert cli.main(["submit", "tiny.yaml", "--run-dir", run_dir]) == 2
+    err = capsys.readouterr().err
+    assert names in err and "double quotes" in err, err
+    assert "output=" not in err and "chdir=" not in err
+    assert _everything_under(work) == ["tiny.yaml"]
+    assert not Path(f"{sbatch}.args").exists()
+
+
+# Around a valid launch section, one field changed at a time (issue 14, item 8): either a
+# ConfigError naming that field (or the field it is checked against), or a section holding
+# exactly the value given that builds a job whose script renders.
+_LAUNCH_VALID: dict[str, object] = {
+    "job_name": "spd",
+    "nodes": 2,
+    "tasks_per_node": 2,
+    "cpus_per_task": 4,
+    "gpus_per_node": 2,
+    "mem": "8G",
+    "time": "2:00:00",
+    "partition": "gpu",
+    "account": "interp",
+    "signal": "TERM@300",
+    "requeue": True,
+    "env": {"A": "1"},
+    "python": "/usr/bin/python3",
+    "setup": ["module load cuda"],
+    "log_dir": "/scratch/logs",
+    "extra_directives": ["--constraint=a100"],
+}
+# Fields checked against each other: an error may name the partner.
+_RELATED = {
+    "time": {"signal"},
+    "mem_per_cpu": {"mem"},
+    "mem": {"mem_per_cpu"},
+    "gpus_per_node": {"process_per", "tasks_per_node"},
+    "tasks_per_node": {"process_per"},
+    "process_per": {"tasks_per_node"},
+}
+_LAUNCH_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from([0, -1, 1, 3, 2**31, 2**63, 1.5, float("nan")]),
+    st.text(max_size=10),
+    st.sampled_from(
+        [
+            "",
+            "٣٠",
+            "３0",
+            "30",
+            "UNLIMITED",
+            "1-00:00:00",
+            "0",
+            "64G",
+            "TERM@60",
+            "TERM@９",
+            "device",
+            "node",
+            "my job",
+            "/tmp/my logs",
+            'a"b',
+            "--job-na=x",
+        ]
+    ),
+    st.lists(
+        st.sampled_from(["--qos=high", "--ntasks=2", "-n2", "--partiti=x", "x", 3]), max_size=2
+    ),
+    st.dictionaries(
+        st.sampled_from(["A", "B C", "٣"]), st.sampled_from(["1", 2, "\0"]), max_size=2
+    ),
+)
+
+
+@settings(max_examples=120, derandomize=True, deadline=None)
+@given(
+    field=st.sampled_from([*_LAUNCH_VALID, "process_per", "mem_per_cpu"]),
+    value=_LAUNCH_VALUES,
+)
+def test_launch_section_around_a_valid_one(field: str, value: object) -> None:
+    import attrs
+
+    from pd_launch import render_script
+    from pd_train.launch_cli import build_job
+    from pd_train.run_config import Config
+
+    raw = {**_LAUNCH_VALID, field: value}
+    try:
+        launch = _config_io.structure(raw, LaunchConfig)
+    except _config_io.ConfigError as e:
+        named = {path.split(".")[0].split("[")[0] for path, _ in e.problems}
+        assert named & ({field} | _RELATED.get(field, set())), (field, value, e.problems)
+        return
+    held = getattr(launch, field)
+    if field in ("setup", "extra_directives"):
+        assert held == tuple(value)  # type: ignore[arg-type]
+    else:
+        assert held == value and type(held) is type(value), (field, value, held)
+    config = attrs.evolve(_config_io.structure(TINY, Config), launch=launch)
+    job = build_job(config, Path("/runs/r"), chdir=Path("/work dir"))
+    render_script(job)
+    assert job.name == (launch.job_name or config.run_name)
+    assert job.time == str(launch.time) and job.memory == launch.mem
+    assert job.extra_directives == launch.extra_directives

@@ -75,7 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Validate CONFIG, create an immutable run dir (resolved config, code snapshot, "
             "sbatch script, submission record) and submit it with sbatch through pd-launch. "
             "Set launch fields like any other: --set launch.nodes=2 --set launch.partition=gpu "
-            "(quote a time limit: --set \"launch.time='4:00:00'\")."
+            "(a time limit: --set launch.time=4:00:00)."
         ),
     )
     p.add_argument("config", help="YAML config (builtin:NAME names a shipped one)")
@@ -154,6 +154,26 @@ def build_job(config: Config, run_dir: Path, *, chdir: Path) -> JobSpec:
         env={**launch.env, "PD_RUN_DIR": str(run_dir)},
         extra_directives=launch.extra_directives,
     )
+
+
+def _path_problems(run_dir: Path, cwd: Path, *, run_dir_from: str) -> list[str]:
+    """The paths the job script's ``#SBATCH`` lines hold that sbatch could not read back, named
+    by where the user set them (spaces are fine: pd-launch quotes them)."""
+    from pd_launch import path_problem
+
+    problems = []
+    problem = path_problem(str(run_dir))
+    if problem is not None:
+        problems.append(
+            f"{run_dir_from}: the run dir {str(run_dir)!r} {problem}; choose another run dir"
+        )
+    problem = path_problem(str(cwd))
+    if problem is not None:
+        problems.append(
+            f"the working directory {str(cwd)!r} (the job's --chdir) {problem}; run pd-train "
+            "submit from another directory"
+        )
+    return problems
 
 
 def _launch_problems(config: Config) -> list[tuple[str, str]]:
@@ -326,6 +346,10 @@ def _submit(args: argparse.Namespace) -> int:
     if run_dir.exists():
         msg = f"run dir {run_dir} already exists; pd-train submit always starts a new one"
         raise SubmitError(msg, code=2)
+    run_dir_from = "--run-dir" if args.run_dir is not None else "output_dir / run_name"
+    path_problems = _path_problems(run_dir, cwd, run_dir_from=run_dir_from)
+    if path_problems:
+        raise SubmitError("; ".join(path_problems), code=2)
     try:
         job = build_job(config, run_dir, chdir=cwd)
     except pd_launch.JobSpecError as exc:

@@ -48,17 +48,25 @@ def _as_job_spec(_instance: Any, attribute: attrs.Attribute, value: Any) -> None
 
     if value is None:
         return
+    # The value replaces a placeholder (job_name's among them: it is JobSpec's `name`).
+    fields: dict[str, Any] = {"name": "check", "command": ("true",)}
+    fields[_JOB_FIELDS[attribute.name]] = value
     try:
-        JobSpec(name="check", command=("true",), **{_JOB_FIELDS[attribute.name]: value})
+        JobSpec(**fields)
     except JobSpecError as exc:
-        raise FieldValueError(attribute.name, str(exc)) from None
+        # Name the user's field, not pd-launch's (`job_name=`, not `name=`).
+        message = str(exc)
+        spelled = f"{_JOB_FIELDS[attribute.name]}="
+        if message.startswith(spelled):
+            message = f"{attribute.name}={message.removeprefix(spelled)}"
+        raise FieldValueError(attribute.name, message) from None
 
 
 def _quoted_time(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     if isinstance(value, int):
         msg = (
-            f"got the number {value!r}; write the time limit as a quoted string, e.g. '30' or "
-            "'4:00:00' (YAML reads an unquoted 4:00:00 as the number 14400)"
+            f"got the number {value!r}; a time limit is a string in a SLURM format (minutes "
+            "are '30', not 30): write e.g. '30' or '4:00:00'"
         )
         raise FieldValueError(attribute.name, msg)
 
@@ -122,8 +130,8 @@ class LaunchConfig:
     gpus_per_node: int = attrs.field(default=0, validator=non_negative())
     mem: str | None = attrs.field(default=None, validator=_as_job_spec)
     mem_per_cpu: str | None = attrs.field(default=None, validator=_as_job_spec)
-    # Typed `str | int` only to answer a number with advice: YAML 1.1 reads an unquoted
-    # 4:00:00 as the integer 14400 (base 60), which no reading can safely turn back.
+    # Typed `str | int` only to answer a number with advice rather than a type error: a bare
+    # number is ambiguous (YAML 1.1 tools read 4:00:00 as the base-60 integer 14400).
     time: str | int = attrs.field(default="1:00:00", validator=[_quoted_time, _as_job_spec])
     partition: str | None = attrs.field(default=None, validator=_as_job_spec)
     account: str | None = attrs.field(default=None, validator=_as_job_spec)
