@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parsers", "analyze", "report"]
+__all__ = ["add_parsers", "analyze", "report", "track"]
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -71,6 +71,22 @@ def add_parsers(subparsers: Any) -> None:
         "--out", type=Path, metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
     )
 
+    p = subparsers.add_parser(
+        "track",
+        help="mirror a run's metrics.jsonl into a Weights & Biases run (pd-train[wandb])",
+        description=(
+            "Log every train/eval scalar of RUN_DIR/metrics.jsonl after the last synced step to "
+            "a W&B run; the run id is kept in RUN_DIR/tracking/, so syncing again after the run "
+            "went on or was resumed continues the same W&B run. Settings come from the flags or, "
+            "without --project, from a `tracking: {wandb: ...}` section of RUN_DIR/config.yaml."
+        ),
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--project", help="W&B project")
+    p.add_argument("--entity", help="W&B entity (team or user)")
+    p.add_argument("--mode", default="online", help="online | offline | disabled (online)")
+    p.add_argument("--tags", default="", help="comma-separated tags")
+
 
 def _fail(message: str) -> int:
     print(f"pd-train: error: {message}", file=sys.stderr)
@@ -99,6 +115,45 @@ def analyze(args: argparse.Namespace) -> int:
         f"{meta['n_alive']}/{meta['n_components']} components alive at step {step} "
         f"(ci_lower > {meta['threshold']:g} on {meta['n_tokens']} tokens, harvested in "
         f"{meta['harvest_seconds']:.1f} s with the compile); wrote {out}"
+    )
+    return 0
+
+
+def track(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pd_train.analysis.tracking import parse_tracking, sync_wandb
+
+    config_path = args.run_dir / "config.yaml"
+    if not config_path.is_file():
+        return _fail(f"run dir {args.run_dir}: no config.yaml; not a run dir")
+    run_config = yaml.safe_load(config_path.read_text())
+    if args.project is not None:
+        tags = [t for t in args.tags.split(",") if t]
+        raw = {
+            "wandb": {
+                "project": args.project,
+                "entity": args.entity,
+                "mode": args.mode,
+                "tags": tags,
+            }
+        }
+    elif isinstance(run_config, dict) and "tracking" in run_config:
+        raw = run_config["tracking"]
+    else:
+        return _fail(
+            f"no tracking settings: give --project, or a `tracking:` section in {config_path}"
+        )
+    config = parse_tracking(raw)
+    if config.mode != "disabled":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            return _fail("tracking needs wandb: pip install 'pd-train[wandb]'")
+    result = sync_wandb(args.run_dir, config, run_config=run_config)
+    print(
+        f"W&B run {result.run_id} ({config.mode}): logged {result.logged_steps} steps, "
+        f"last step {result.last_step}"
     )
     return 0
 

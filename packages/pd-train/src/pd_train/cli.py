@@ -8,6 +8,7 @@ Subcommands:
   probe    compile probes of a config through pd-probe
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
   report   one static HTML page of a run
+  track    mirror a run's metrics.jsonl into a Weights & Biases run (pd-train[wandb])
   tokenize text files → a token .npy, with a GGUF checkpoint's tokenizer
 
 Exit codes: 0 success (also a run stopped by SIGTERM after saving: SLURM requeues it), 1 failure
@@ -152,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "probe": _probe,
         "analyze": _analyze,
         "report": _report,
+        "track": _track,
         "tokenize": _tokenize,
     }
     try:
@@ -280,6 +282,12 @@ def _report(args: argparse.Namespace) -> int:
     from pd_train import analyze_cli
 
     return analyze_cli.report(args)
+
+
+def _track(args: argparse.Namespace) -> int:
+    from pd_train import analyze_cli
+
+    return analyze_cli.track(args)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the component table (``pd-train analyze``) and a static HTML report (``pd-train 
 * :mod:`~pd_train.analysis.harvest` — the jitted, sharded loop over eval batches with a running
   top-k per component (memory flat in the number of batches);
 * :mod:`~pd_train.analysis.components` — a run dir + checkpoint → the component table (Parquet);
-* :mod:`~pd_train.analysis.report` — a run dir → one self-contained HTML page.
+* :mod:`~pd_train.analysis.report` — a run dir → one self-contained HTML page;
+* :mod:`~pd_train.analysis.tracking` — metrics.jsonl mirrored into Weights & Biases (optional).
 """
 
 from pd_train.analysis.components import (
@@ -26,6 +27,7 @@ from pd_train.analysis.statistics import (
     grouped_l0,
     l0_groups,
 )
+from pd_train.analysis.tracking import WandbConfig, parse_tracking, sync_wandb
 from pd_train.analysis.vocab import Vocabulary, load_vocabulary
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "HarvestResult",
     "Harvester",
     "Vocabulary",
+    "WandbConfig",
     "analysis_path",
     "analyze_run",
     "build_table",
@@ -45,6 +48,8 @@ __all__ = [
     "init_harvest_state",
     "l0_groups",
     "load_vocabulary",
+    "parse_tracking",
     "read_table",
+    "sync_wandb",
     "write_table",
 ]
