@@ -238,3 +238,35 @@ def test_any_path_is_refused_or_reaches_sbatch_intact(path: str) -> None:
         return
     values = directive_values(render_script(spec))
     assert values["--output"] == values["--chdir"] == path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "--dry-run", "--name", "x", "--nodes", "٣", "--", "true"],
+        ["submit", "--dry-run", "--name", "x", "--nodes", "3_0", "--", "true"],
+        ["submit", "--dry-run", "--name", "x", "--cpus-per-task", "+4", "--", "true"],
+        ["submit", "--dry-run", "--name", "x", "--wait", "nan", "--", "true"],
+        ["wait", "12", "--timeout", "nan"],
+        ["wait", "12", "--timeout", "-1"],
+        ["wait", "12", "--timeout", "inf"],
+        ["wait", "12", "--timeout", "٣"],
+    ],
+)
+def test_command_line_numbers_are_ascii_and_finite(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """int() read '٣' as 3 and '3_0' as 30; float() read 'nan', with which wait never ends."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not an integer (ASCII digits)" in err or "is not a finite number" in err, err
+
+
+def test_wait_refuses_a_timeout_that_cannot_end() -> None:
+    from pd_launch._slurm import wait
+
+    for timeout in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match=r"timeout=.* must be a finite number of seconds"):
+            wait("12", timeout=timeout, env={"PATH": ""})

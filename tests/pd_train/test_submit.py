@@ -563,3 +563,15 @@ def test_launch_section_around_a_valid_one(field: str, value: object) -> None:
     assert job.name == (launch.job_name or config.run_name)
     assert job.time == str(launch.time) and job.memory == launch.mem
     assert job.extra_directives == launch.extra_directives
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-5", "٣"])
+def test_wait_timeout_must_be_a_finite_number(
+    workdir: Path, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    """float() takes 'nan', with which --wait would poll forever; and '٣' as 3.0."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["submit", "tiny.yaml", "--wait", "--timeout", timeout])
+    assert info.value.code == 2
+    assert "is not a finite number of seconds" in capsys.readouterr().err
+    assert _everything_under(workdir) == ["tiny.yaml"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,15 +11,32 @@ from typing import Any
 from pd_launch import __version__
 from pd_launch._errors import JobFailedError, JobWaitTimeoutError, LaunchError
 from pd_launch._io import job_from_dict, job_to_dict, load_job
-from pd_launch._slurm import JobStatus, cancel, job_status, prepare_submission, submit, wait
+from pd_launch._slurm import (
+    JobStatus,
+    cancel,
+    check_seconds,
+    job_status,
+    prepare_submission,
+    submit,
+    wait,
+)
+
+
+def _integer(text: str) -> int:
+    """argparse type: ASCII digits only (int() also takes '٣', ' 3', '+3' and '3_0')."""
+    if re.fullmatch(r"-?[0-9]+", text) is None:
+        msg = f"{text!r} is not an integer (ASCII digits)"
+        raise argparse.ArgumentTypeError(msg)
+    return int(text)
+
 
 # Command-line flag -> JobSpec field, for flags that take a value.
 _VALUE_FLAGS = {
     "name": ("--name", str),
-    "nodes": ("--nodes", int),
-    "tasks_per_node": ("--tasks-per-node", int),
-    "cpus_per_task": ("--cpus-per-task", int),
-    "gpus_per_node": ("--gpus-per-node", int),
+    "nodes": ("--nodes", _integer),
+    "tasks_per_node": ("--tasks-per-node", _integer),
+    "cpus_per_task": ("--cpus-per-task", _integer),
+    "gpus_per_node": ("--gpus-per-node", _integer),
     "memory": ("--mem", str),
     "mem_per_cpu": ("--mem-per-cpu", str),
     "time": ("--time", str),
@@ -29,6 +47,17 @@ _VALUE_FLAGS = {
     "error": ("--error", str),
     "chdir": ("--chdir", str),
 }
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 ('nan' and 'inf' parse as floats)."""
+    try:
+        if not text.isascii():  # float('٣') is 3.0
+            raise ValueError(text)
+        return check_seconds("SECONDS", float(text))
+    except ValueError:
+        msg = f"{text!r} is not a finite number of seconds >= 0"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the script and the variables that would be removed; submit nothing",
     )  # fmt: skip
     sub.add_argument(
-        "--wait", type=float, metavar="SECONDS",
+        "--wait", type=_seconds, metavar="SECONDS",
         help="wait this long for the job to end; exit 1 unless it ends COMPLETED",
     )  # fmt: skip
     sub.add_argument("command", nargs="*", help="the command each task runs (after --)")
@@ -81,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         p = commands.add_parser(name, help=text, description=text)
         p.add_argument("job_id")
         if name == "wait":
-            p.add_argument("--timeout", type=float, required=True, metavar="SECONDS")
+            p.add_argument("--timeout", type=_seconds, required=True, metavar="SECONDS")
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import subprocess
@@ -405,6 +406,8 @@ def wait(
         JobFailedError: ``check`` and the job ended CANCELLED, FAILED, TIMEOUT, NODE_FAIL,
             OUT_OF_MEMORY or any other state but COMPLETED.
     """
+    check_seconds("timeout", timeout)
+    check_seconds("poll", poll)
     deadline = time.monotonic() + timeout
     pause = 0.25
     status: JobStatus | None = None
@@ -427,6 +430,22 @@ def wait(
         )
         raise JobFailedError(msg, status=status)
     return status
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` if it is a finite number of seconds >= 0; else a ValueError naming ``name``.
+
+    A NaN timeout would make :func:`wait` poll forever (no comparison with NaN is true).
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        msg = f"{name}={value!r} must be a finite number of seconds >= 0"
+        raise ValueError(msg)
+    return float(value)
 
 
 def cancel(

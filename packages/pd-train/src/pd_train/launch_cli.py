@@ -66,6 +66,20 @@ class SubmitError(Exception):
         self.code = code
 
 
+def _seconds(text: str) -> float:
+    """argparse type for --timeout: a finite number of seconds >= 0 (float() takes 'nan')."""
+    import math
+
+    try:
+        value = float(text) if text.isascii() else math.nan  # float('٣') is 3.0
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        msg = f"{text!r} is not a finite number of seconds >= 0"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``submit`` on ``pd-train``'s subcommands (``handler``: :func:`submit`)."""
     p = subparsers.add_parser(
@@ -93,7 +107,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long --wait waits (default {DEFAULT_TIMEOUT:.0f}); the job keeps running after",
