@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pd_launch import __version__
@@ -31,7 +31,7 @@ def _integer(text: str) -> int:
 
 
 # Command-line flag -> JobSpec field, for flags that take a value.
-_VALUE_FLAGS = {
+_VALUE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "name": ("--name", str),
     "nodes": ("--nodes", _integer),
     "tasks_per_node": ("--tasks-per-node", _integer),
