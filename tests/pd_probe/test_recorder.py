@@ -133,3 +133,72 @@ def test_names_and_rss():
     assert jit_name("pjit(f)") == "f"
     assert jit_name("step") == "step"
     assert peak_rss_bytes() > 2**20
+
+
+def test_on_compile_announces_each_compile_with_its_cache_outcome(tmp_path):
+    """One line per compile inside a phase, begun before the backend compile with the cache's
+    outcome (the miss is known before compiling), ended with the seconds; JAX's own helper
+    jits are not announced; the miss hook is removed on exit."""
+    import io
+
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compilation_cache
+    from jax._src import util as jax_util
+
+    from pd_probe import CompileAnnouncer
+
+    saved = {
+        name: jax.config.values[name]
+        for name in (
+            "jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    listener = jax_util.test_event_listener
+    events = []
+    stream = io.StringIO()
+
+    def on_compile(event, info):
+        events.append((event, info.get("cache")))
+        announcer(event, info)
+
+    announcer = CompileAnnouncer(stream)
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    try:
+        compilation_cache.reset_cache()
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        with Recorder(None, on_compile=on_compile) as rec:
+            for _ in range(2):  # a new jit each time: no in-memory cache, the same program
+
+                def step(v):
+                    return jnp.sin(v) * 2.0
+
+                with rec.phase("step"):
+                    jax.jit(step).lower(x).compile()
+            with rec.phase("step"):
+                jnp.zeros(3, jnp.int32).astype(jnp.float32)  # helper jits: not announced
+        assert jax_util.test_event_listener is listener
+        compilation_cache.reset_cache()
+        jax.config.update("jax_compilation_cache_dir", None)
+        with Recorder(None, on_compile=announcer) as rec, rec.phase("step"):
+            jax.jit(lambda v: v - 1.0).lower(x).compile()
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+    lines = stream.getvalue().splitlines()
+    assert [line.rsplit("… ", 1)[0] for line in lines] == [
+        "compiling step (cache miss)",
+        "compiling step (cache hit)",
+        "compiling step: <lambda> (no cache)",
+    ], lines
+    assert all(line.endswith(" s") for line in lines)
+    # The outcome arrives before the compile ends: start, cache, done for each.
+    once = [("start", None), ("cache", "{}"), ("done", "{}")]
+    assert events == [(e, c and c.format("miss")) for e, c in once] + [
+        (e, c and c.format("hit")) for e, c in once
+    ]

@@ -126,8 +126,8 @@ def test_markdown_table(probe):
         "| chunks_8 | ok |  | 8 |  | 4.00 (1.00×) | 40.00 (2.00×) | 44.01 (1.83×) | 3.00 |" in lines
     )
     assert (
-        "| cache_on (run 2) | ok |  |  | on | 0.80 (0.20×) | 1.00 (0.05×) | 1.81 (0.08×) | 3.00 |"
-        in lines
+        "| cache_on (run 2) | ok |  |  | on | 0.80 (0.20×, cache hit) "
+        "| 1.00 (0.05×, cache hit) | 1.81 (0.08×) | 3.00 |" in lines
     )
     assert "| broken | failed |  |  |  | – | – | – | – |" in lines
     text = report.markdown_path.read_text()

@@ -94,7 +94,11 @@ def test_failures_timeouts_and_skips_are_recorded_and_others_run(tmp_path, toy):
     assert "no record" in result.arms["silent"].error
     assert result.arms["same"].alias_of == "baseline"
     assert result.failed == ["boom", "hang", "silent"]
-    assert len(lines) == 5 and lines[0].startswith("baseline run 1: ok")
+    finished = [line for line in lines if not line.endswith(": started")]
+    assert len(finished) == 5 and finished[0].startswith("baseline run 1: ok")
+    # A line as each run starts, so a long compile shows which arm is busy.
+    assert "baseline run 1: started" in lines
+    assert lines.index("baseline run 1: started") < lines.index(finished[0])
 
     probe = tmp_path / "probe"
     paths = arm_paths(probe, "baseline")

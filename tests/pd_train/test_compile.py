@@ -20,7 +20,8 @@ def test_compile_reports_every_jit_without_weights_or_data(tmp_path: Path, capsy
     path.write_text(yaml.safe_dump(config))
     record = tmp_path / "compile.json"
     assert main(["compile", str(path), "--record", str(record)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     jits = ("init_params", "opt_init", "faithfulness_warmup", "train_step", "eval_metrics")
     for jit in jits:
         assert f"| {jit} |" in out, out
@@ -28,3 +29,18 @@ def test_compile_reports_every_jit_without_weights_or_data(tmp_path: Path, capsy
     assert set(jits) <= set(recorded["jits"])
     assert recorded["jits"]["train_step"]["memory"]["temp_size_in_bytes"] > 0
     assert not (tmp_path / "runs").exists()
+
+    # Progress while it runs: a line per jit, each compile with its cache outcome; a second
+    # compile of the same config loads every jit from the persistent cache, and says so.
+    assert main(["compile", str(path)]) == 0
+    again = capsys.readouterr()
+    assert "[1/" in again.err and "lowering train_step…" in again.err, again.err
+    assert "compiling train_step (cache hit)… " in again.err, again.err
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[4].strip()
+        for line in again.out.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    assert rows["train_step"] == "hit" and rows["eval_metrics"] == "hit", again.out
+    assert f"{len(jits)} of {len(jits)} jits loaded from the compile cache" in again.out
+    assert "compiling train_step (cache " in captured.err  # the first announced its jits too

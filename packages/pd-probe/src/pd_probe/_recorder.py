@@ -316,6 +316,13 @@ class Recorder:
             self._jits.setdefault(name, _new_jit(from_phase=False))["memory"] = analysis
         return analysis
 
+    def cache_outcomes(self, name: str) -> list[str]:
+        """The persistent-cache outcome (``hit``, ``miss``, ``off``) of each compile recorded
+        under jit ``name`` so far, in order."""
+        with self._lock:
+            entry = self._jits.get(name)
+            return [c["cache"] for c in entry["compiles"]] if entry else []
+
     def note(self, **values: Any) -> None:
         """Add JSON-able values to the record's ``notes`` (e.g. sites=224, step_loss=…)."""
         self._notes.update(values)
@@ -348,7 +355,7 @@ class Recorder:
         jax_util.test_event_listener = self._on_test_event
 
         def unhook(_callback: Any) -> None:
-            if jax_util.test_event_listener is self._on_test_event:
+            if jax_util.test_event_listener == self._on_test_event:  # bound: == not is
                 jax_util.test_event_listener = self._previous_test_listener
             self._previous_test_listener = None
 

@@ -112,10 +112,19 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base
 
 
-def _cell(value: float | None, ratio: float | None) -> str:
+def _cache_hit(row: Row | None, jit: str) -> bool:
+    """Every compile of ``jit`` in this run was loaded from the persistent cache."""
+    entry = None if row is None else (row.record or {}).get("jits", {}).get(jit)
+    return bool(entry) and entry.get("cache_hits", 0) > 0 and entry.get("cache_misses", 0) == 0
+
+
+def _cell(value: float | None, ratio: float | None, *, hit: bool = False) -> str:
     if value is None:
         return "–"
-    return f"{value:.2f} ({ratio:.2f}×)" if ratio is not None else f"{value:.2f}"
+    mark = ", cache hit" if hit else ""
+    if ratio is not None:
+        return f"{value:.2f} ({ratio:.2f}×{mark})"
+    return f"{value:.2f}" + (" (cache hit)" if hit else "")
 
 
 def _meta_keys(rows: list[Row]) -> list[str]:
@@ -131,7 +140,8 @@ def _baseline_row(grid: dict[str, Any], rows: list[Row]) -> Row | None:
 
 def markdown_table(grid: dict[str, Any], rows: list[Row]) -> str:
     """Arms × jits: total compile seconds (trace + lowering + backend compile) and, in
-    parentheses, the ratio to the baseline arm's cold run."""
+    parentheses, the ratio to the baseline arm's cold run, marked ``cache hit`` where every
+    compile of that jit was loaded from the persistent compile cache."""
     jits = _jit_names(rows, phases_only=True)
     meta_keys = _meta_keys(rows)
     base = _baseline_row(grid, rows)
@@ -143,7 +153,8 @@ def markdown_table(grid: dict[str, Any], rows: list[Row]) -> str:
         cells += [str(row.meta.get(k, "")) for k in meta_keys]
         for jit in jits:
             value = _seconds(row, jit)
-            cells.append(_cell(value, _ratio(value, _seconds(base, jit))))
+            hit = _cache_hit(row, jit)
+            cells.append(_cell(value, _ratio(value, _seconds(base, jit)), hit=hit))
         total = _all_seconds(row)
         cells.append(_cell(total, _ratio(total, _all_seconds(base))))
         rss = (row.record or {}).get("peak_rss_bytes")

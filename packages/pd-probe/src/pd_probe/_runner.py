@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import string
@@ -184,6 +185,17 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _cache_counts(record_path: Path) -> str:
+    """``"; cache: 3 hit, 1 miss"`` from an arm's record, or "" without one."""
+    try:
+        jits = json.loads(record_path.read_text()).get("jits", {})
+    except (OSError, ValueError):
+        return ""
+    hits = sum(int(e.get("cache_hits", 0)) for e in jits.values())
+    misses = sum(int(e.get("cache_misses", 0)) for e in jits.values())
+    return f"; cache: {hits} hit, {misses} miss" if hits or misses else ""
+
+
 def run_probe(
     grid: Grid,
     probe_dir: str | os.PathLike[str],
@@ -221,7 +233,8 @@ def run_probe(
       require_record: a run that exits 0 without writing its record.json counts as failed.
       loss_keys: metrics.jsonl keys compared in ``steps`` mode.
       base_env: the environment arms start from; default ``os.environ``.
-      progress: called with one line per finished run (e.g. ``print``).
+      progress: called with one line per started and per finished run (e.g. ``print``); a
+        finished run's line counts its compile-cache hits and misses.
     """
     if mode not in MODES:
         msg = f"mode {mode!r} is not one of {', '.join(MODES)}"
@@ -288,6 +301,8 @@ def run_probe(
             finish(arm)
             return
         active.append((arm, run, handle, t0, cmd))
+        if progress is not None:
+            progress(f"{arm.name} run {run}: started")
 
     def finish(arm: Arm) -> None:
         arm_runs = tuple(runs[arm.name])
@@ -330,7 +345,8 @@ def run_probe(
             result = RunStatus(run, "ok", returncode, seconds, cmd)
         runs[arm.name].append(result)
         if progress is not None:
-            progress(f"{arm.name} run {run}: {result.status} ({seconds:.1f} s)")
+            cache = _cache_counts(run_paths.record) if result.status == "ok" else ""
+            progress(f"{arm.name} run {run}: {result.status} ({seconds:.1f} s{cache})")
         if result.status == "ok" and run < arm.repeats:
             start(arm, run + 1)
         else:

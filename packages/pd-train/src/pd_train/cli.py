@@ -249,7 +249,9 @@ def _run(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from pd_train.compile import compile_all, format_compile_table
 
-    rows = compile_all(config_source(args.config), args.overrides, record=args.record)
+    rows = compile_all(
+        config_source(args.config), args.overrides, record=args.record, progress=sys.stderr
+    )
     print(format_compile_table(rows))
     return 0
 

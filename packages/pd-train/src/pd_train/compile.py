@@ -26,10 +26,14 @@ MEMORY_FIELDS = (
 
 @dataclass
 class CompileRow:
+    """``cache``: the persistent compile cache's outcome for the jit's compiles: ``hit`` (all
+    loaded from the cache), ``miss`` (at least one compiled), ``off`` (no cache consulted)."""
+
     jit: str
     lower_s: float
     compile_s: float
     memory: dict[str, int] | None
+    cache: str = "off"
 
 
 def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -93,17 +97,26 @@ def compile_all(
     *,
     record: Path | None = None,
     placement: Placement | None = None,
+    progress: Any = None,
 ) -> list[CompileRow]:
-    """Validate the config (no weight or data files needed), start the runtime, compile."""
-    from pd_probe import Recorder
+    """Validate the config (no weight or data files needed), start the runtime, compile.
+
+    ``progress``: a text stream (e.g. ``sys.stderr``) that gets a line per jit as it lowers
+    and compiles, with the compile cache's outcome; None for silence."""
+    from pd_probe import CompileAnnouncer, Recorder
     from pd_train import run as runner
 
     prepared = runner.prepare(source, overrides, for_run=False)
     rt = runner.start_runtime(prepared, placement or Placement())
     runner.configure_cache(prepared.config)
     rows = []
-    with Recorder(record, mode="compile") as recorder:
-        for name, lower in _jits(rt):
+    announce = CompileAnnouncer(progress) if progress is not None else None
+    with Recorder(record, mode="compile", on_compile=announce) as recorder:
+        jits = _jits(rt)
+        for i, (name, lower) in enumerate(jits, 1):
+            if progress is not None:
+                progress.write(f"[{i}/{len(jits)}] lowering {name}…\n")
+                progress.flush()
             with recorder.phase(name):
                 t0 = time.perf_counter()
                 lowered = lower()
@@ -111,8 +124,15 @@ def compile_all(
                 compiled = lowered.compile()
                 t2 = time.perf_counter()
             recorder.memory(name, compiled)
-            rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled)))
+            cache = _cache_outcome(recorder.cache_outcomes(name))
+            rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled), cache))
     return rows
+
+
+def _cache_outcome(outcomes: Sequence[str]) -> str:
+    if not outcomes or all(o == "off" for o in outcomes):
+        return "off"
+    return "miss" if "miss" in outcomes else "hit"
 
 
 def _gib(n: int | None) -> str:
@@ -120,15 +140,22 @@ def _gib(n: int | None) -> str:
 
 
 def format_compile_table(rows: Sequence[CompileRow]) -> str:
-    header = "| jit | lower s | compile s | args GiB | out GiB | temp GiB |\n|---|---:|---:|---:|---:|---:|"
+    header = (
+        "| jit | lower s | compile s | cache | args GiB | out GiB | temp GiB |\n"
+        "|---|---:|---:|---|---:|---:|---:|"
+    )
     lines = [header]
     for r in rows:
         m = r.memory or {}
         lines.append(
-            f"| {r.jit} | {r.lower_s:.2f} | {r.compile_s:.2f} | "
+            f"| {r.jit} | {r.lower_s:.2f} | {r.compile_s:.2f} | {r.cache} | "
             f"{_gib(m.get('argument_size_in_bytes'))} | {_gib(m.get('output_size_in_bytes'))} | "
             f"{_gib(m.get('temp_size_in_bytes'))} |"
         )
     total = sum(r.lower_s + r.compile_s for r in rows)
-    lines.append(f"\ntotal lower + compile: {total:.1f} s (per-device memory from XLA)")
+    hits = sum(r.cache == "hit" for r in rows)
+    lines.append(
+        f"\ntotal lower + compile: {total:.1f} s (per-device memory from XLA); "
+        f"{hits} of {len(rows)} jits loaded from the compile cache"
+    )
     return "\n".join(lines)
