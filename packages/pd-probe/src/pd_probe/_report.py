@@ -115,7 +115,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def _cache_hit(row: Row | None, jit: str) -> bool:
     """Every compile of ``jit`` in this run was loaded from the persistent cache."""
     entry = None if row is None else (row.record or {}).get("jits", {}).get(jit)
-    return bool(entry) and entry.get("cache_hits", 0) > 0 and entry.get("cache_misses", 0) == 0
+    if not entry:
+        return False
+    return bool(entry.get("cache_hits", 0) > 0 and entry.get("cache_misses", 0) == 0)
 
 
 def _cell(value: float | None, ratio: float | None, *, hit: bool = False) -> str:
