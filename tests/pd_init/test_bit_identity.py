@@ -64,7 +64,20 @@ def test_uniform_of_width_one_is_identical_in_a_stacked_group():
         for k, (low, high) in enumerate(((-0.3, 0.7), (-0.5, 0.5), (-1.7, -0.7), (0.25, 1.25)))
         for i in range(3)
     ]
-    _check_all_paths(specs, jax.random.key(0))
+    key = jax.random.key(0)
+    _check_all_paths(specs, key)
+    # Inside a user's own jit too (the plan's jits are inlined into it).
+    plan = pd_init.InitPlan(specs)
+    outer = jax.jit(lambda k: (plan.stacked_fn(key=k), plan.reference_fn(key=k)))
+    stacks, reference = outer(key)
+    for spec in specs:
+        group, i = plan.index[spec.name]
+        _assert_bitwise(stacks[group][i], reference[spec.name], f"outer jit {spec}")
+    _assert_bitwise(
+        stacks[plan.index["layers.1.U0"][0]][1],
+        pd_init.InitPlan(specs).init_reference(key=key)["layers.1.U0"],
+        "outer jit vs plain reference",
+    )
 
 
 @st.composite
