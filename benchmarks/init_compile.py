@@ -10,6 +10,12 @@ divides. Arrays are grouped per kind (``layers.<kind>.V``), as pd-train stacks t
     python benchmarks/init_compile.py --c down=4096 --c q=1024
 
 The last line is ``init compile speedup at <sites> sites: ...`` for the largest layer count.
+
+Then the CI function (``--ci-layers``, 0 skips it): the production chunkwise transformer
+(pd-train's ``TransformerCIFunction``: one chunk per layer, d_model 4096, 4 blocks, 64 heads, MLP
+16384, one head per site) at ``--ci-layers`` layers, its arrays from pd-train with pd-sharding's
+ZeRO-1 shardings; per-array reference (one output per array) vs stacked (one output per param
+kind), compile only. Prints ``ci init compile speedup at <n> chunks: N.Nx``.
 """
 
 from __future__ import annotations
@@ -136,6 +142,9 @@ def main() -> None:
         default="map",
         help="InitPlan(draw=...) for both stacked arms",
     )
+    parser.add_argument(
+        "--ci-layers", type=int, default=32, help="CI-function arm at this many chunks (0: skip)"
+    )
     args = parser.parse_args()
 
     layer_counts = sorted({int(x) for x in args.layers.split(",")})
@@ -210,6 +219,81 @@ def main() -> None:
         f"init compile speedup at {sites} sites: stacked+fan-out {ref.wall / fan.wall:.1f}x, "
         f"stacked-only {ref.wall / stk.wall:.1f}x (per-array {ref.wall:.1f}s)"
     )
+    if args.ci_layers:
+        ci_init_compile(args.ci_layers, args=args, abstract_key=abstract_key)
+
+
+def ci_specs(n_layers: int) -> list[pd_init.ArraySpec]:
+    """The production chunkwise-transformer CI function's arrays at ``n_layers`` layers, as
+    pd-train declares them, with pd-sharding's ZeRO-1 stack shardings on all 8 devices."""
+    import attrs
+    import jax.numpy as jnp
+
+    import pd_sharding
+    from pd_train.ci import make_ci_function
+    from pd_train.config import ChunkwiseTransformerCI, DecompositionTarget
+    from pd_train.decomposition import build_decomposition
+    from pd_train.models.llama_config import llama3_8b
+
+    arch = attrs.evolve(llama3_8b(), num_hidden_layers=n_layers)
+    targets = [
+        DecompositionTarget(module_pattern=f"layers.*.{kind}", C=DEFAULT_C[short(kind)])
+        for kind in KINDS
+    ]
+    config = ChunkwiseTransformerCI(
+        blocks_per_chunk=1, d_model=4096, n_blocks=4, n_heads=64, mlp_hidden=16384
+    )
+    fn = make_ci_function(config, decomposition=build_decomposition(arch, targets))
+    arrays = fn.arrays(fn.decomposition)  # type: ignore[attr-defined]
+    counts: dict[tuple[str, ...], int] = {}
+    for a in arrays:
+        counts[a.path] = counts.get(a.path, 0) + 1
+    tree: dict = {}
+    for a in arrays:
+        node = tree
+        for part in a.path[:-1]:
+            node = node.setdefault(part, {})
+        node[a.path[-1]] = jax.ShapeDtypeStruct((counts[a.path], *a.shape), jnp.float32)
+    layout = pd_sharding.Zero1Layout(pd_sharding.make_mesh(data=len(jax.devices())))
+    shardings = layout.ci_params(tree, name="ci_fn")
+    by_group = {
+        "ci_fn." + jax.tree_util.keystr(p, simple=True, separator="."): s
+        for p, s in jax.tree_util.tree_leaves_with_path(shardings)
+    }
+    return [
+        pd_init.ArraySpec(
+            name=a.name,
+            shape=a.shape,
+            init=a.init,
+            group=a.group,
+            sharding=NamedSharding(
+                by_group[a.group].mesh, PartitionSpec(*by_group[a.group].spec[1:])
+            ),
+        )
+        for a in arrays
+    ]
+
+
+def ci_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_key: object) -> None:
+    specs = ci_specs(n_layers)
+    n_params = sum(int(np.prod(s.shape)) for s in specs)
+
+    def per_array() -> None:
+        pd_init.InitPlan(specs).reference_fn.lower(key=abstract_key).compile()
+
+    def stacked() -> None:
+        pd_init.InitPlan(specs, draw=args.draw).stacked_fn.lower(key=abstract_key).compile()
+
+    ref = timed(per_array, budget_s=args.budget, max_repeats=args.repeats)
+    stk = timed(stacked, budget_s=args.budget, max_repeats=args.repeats)
+    groups = len(pd_init.InitPlan(specs).groups)
+    print(
+        f"CI function (chunkwise transformer, {n_layers} chunks, {n_params / 1e9:.1f} B params): "
+        f"{len(specs)} arrays in {groups} stacks; per-array {ref.wall:.2f}s wall "
+        f"{ref.cpu:.2f}s cpu, stacked {stk.wall:.2f}s wall {stk.cpu:.2f}s cpu "
+        f"(runs {ref.repeats},{stk.repeats}); cpu-time speedup {ref.cpu / stk.cpu:.1f}x"
+    )
+    print(f"ci init compile speedup at {n_layers} chunks: {ref.wall / stk.wall:.1f}x")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ are compared.
 
 The last line is
 ``step compile: scan 32Lx16c / 2Lx1c R1x; unroll/scan at 8Lx8c R2x; step time scan/unroll R3x``.
+
+Then the transformer CI function (``--ci-chunks``, empty skips it; ``--ci-only`` runs only it):
+the scanned step at 32 layers with a chunkwise-transformer CI function cut into each given
+number of chunks (``blocks_per_chunk = 32 / chunks``), at reduced width (CI d_model 64, 2
+blocks, 4 heads, MLP 128; target width as above), remat of the CI blocks on. Prints
+``ci step compile: 32 chunks / 2 chunks R.RRx`` (CPU time).
 """
 
 from __future__ import annotations
@@ -154,6 +160,38 @@ def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, step
     return min(times)
 
 
+def ci_compile_arm(chunks: int, mesh: jax.sharding.Mesh, layers: int = 32) -> Arm:
+    """The scanned step at ``layers`` layers with the transformer CI function in ``chunks``."""
+    import attrs
+
+    from pd_train.config import ChunkwiseTransformerCI, RematConfig, RuntimeConfig
+
+    jax.clear_caches()
+    ci = ChunkwiseTransformerCI(
+        blocks_per_chunk=layers // chunks, d_model=64, n_blocks=2, n_heads=4, mlp_hidden=128
+    )
+    pd = attrs.evolve(pd_config(layers, 4, "scan"), ci=ci)
+    runtime = RuntimeConfig(remat=RematConfig(ci_fn=True))
+    tr = Trainer(model(layers), pd, runtime, mesh=mesh)
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return Arm(cpu, wall, chunks, count_kernels(compiled))
+
+
+def ci_step_compile(chunk_counts: list[int], mesh: jax.sharding.Mesh) -> None:
+    arms = {}
+    for chunks in chunk_counts:
+        arms[chunks] = arm = ci_compile_arm(chunks, mesh)
+        print(
+            f"CI transformer, 32 layers, {chunks:>2} CI chunks: compile {arm.cpu:.1f} CPU s, "
+            f"{arm.wall:.1f} s wall, {arm.kernels} kernels",
+            flush=True,
+        )
+    lo, hi = min(arms), max(arms)
+    print(f"ci step compile: {hi} chunks / {lo} chunks {arms[hi].cpu / arms[lo].cpu:.2f}x")
+
+
 def _cells(arm: Arm | None) -> str:
     if arm is None:
         return f"{'skipped':>8} {'':>8} {'':>7}"
@@ -171,7 +209,14 @@ def main() -> None:
         help="max predicted CPU seconds per unroll arm",
     )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per loop at 8Lx8c")
+    parser.add_argument(
+        "--ci-chunks", type=int, nargs="*", default=[2, 32], help="CI transformer chunk counts"
+    )
+    parser.add_argument("--ci-only", action="store_true", help="run only the CI arms")
     args = parser.parse_args()
+    if args.ci_only:
+        ci_step_compile(args.ci_chunks, pd_sharding.make_mesh(data=len(jax.devices())))
+        return
 
     mesh = pd_sharding.make_mesh(data=8)
     print(
@@ -253,6 +298,8 @@ def main() -> None:
         f"step compile: scan 32Lx16c / 2Lx1c {r1:.2f}x; unroll/scan at 8Lx8c {r2:.1f}x; "
         f"step time scan/unroll {r3:.2f}x"
     )
+    if args.ci_chunks:
+        ci_step_compile(args.ci_chunks, pd_sharding.make_mesh(data=len(jax.devices())))
 
 
 if __name__ == "__main__":
