@@ -270,3 +270,41 @@ def test_wait_refuses_a_timeout_that_cannot_end() -> None:
     for timeout in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match=r"timeout=.* must be a finite number of seconds"):
             wait("12", timeout=timeout, env={"PATH": ""})
+
+
+STEP_TASK_0 = {
+    "SLURM_JOB_ID": "19",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NODELIST": "vm",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SLURM_PROCID", "٠"),
+        ("SLURM_PROCID", " 0"),
+        ("SLURM_STEP_NUM_TASKS", "2_0"),
+        ("SLURM_STEP_NUM_TASKS", "+2"),
+        ("SLURM_JOB_ID", "١٩"),
+    ],
+)
+def test_step_variables_are_ascii_integers(name: str, value: str) -> None:
+    from pd_launch import SlurmStepError, slurm_process
+
+    assert slurm_process(STEP_TASK_0).num_processes == 2
+    with pytest.raises(SlurmStepError, match=name):
+        slurm_process({**STEP_TASK_0, name: value})
+
+
+@pytest.mark.parametrize("port", [True, 0, 65536, 1.5, "1234"])
+def test_port_must_be_an_integer_port(port: object) -> None:
+    from pd_launch import SlurmStepError, slurm_process
+
+    with pytest.raises(SlurmStepError, match="is not a TCP port"):
+        slurm_process(STEP_TASK_0, port=port)  # type: ignore[arg-type]

@@ -195,12 +195,12 @@ def slurm_process(env: Mapping[str, str], *, port: int | None = None) -> SlurmPr
         raise SlurmStepError(msg)
 
     if port is None:
-        if not job_id.isdigit():
+        if _INTEGER.fullmatch(job_id) is None:  # str.isdigit() is true for '٣' too
             msg = f"SLURM_JOB_ID={job_id!r} is not numeric; pass port= explicitly"
             raise SlurmStepError(msg)
         port = _PORT_BASE + (int(job_id) * 16 + step_id) % _PORT_SPAN
-    elif not 0 < port < 65536:
-        msg = f"port={port} is not a TCP port (1-65535)"
+    elif isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        msg = f"port={port!r} is not a TCP port (an integer 1-65535)"
         raise SlurmStepError(msg)
     return SlurmProcess(
         coordinator_address=f"{hosts[0]}:{port}",
