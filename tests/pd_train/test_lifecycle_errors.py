@@ -164,3 +164,19 @@ def test_tokens_fixture_is_valid(tmp_path: Path) -> None:
     config = _config(tmp_path)
     assert np.load(tmp_path / "tokens.npy").size == 20_000
     prepare(config)
+
+
+def test_ctrl_c_before_the_step_loop_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while the config loads or the runtime starts (before the loop's handler, which
+    saves first): one line, no traceback, the interrupted exit code."""
+    import pd_train.cli as cli
+
+    def interrupted(_args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_config", interrupted)
+    assert main(["config"]) == 130
+    err = capsys.readouterr().err
+    assert err == "pd-train: interrupted (Ctrl-C)\n"

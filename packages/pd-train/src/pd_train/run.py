@@ -680,6 +680,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             log_every=config.cadence.train_log_every,
         )
         stopped_early = False
+        evaluated = False
         step = start_step
         while step < steps:
             rows = batches.batch(step)
@@ -706,8 +707,10 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             else:
                 progress.update(done)
             if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
-                with recorder.phase("eval") if step == config.cadence.eval_every else _null():
+                # The attempt's first eval compiles (also on a resume, at a later step).
+                with recorder.phase("eval") if not evaluated else _null():
                     record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
+                evaluated = True
                 metrics_log.log(done, "eval", record)
             if config.cadence.save_every and step % config.cadence.save_every == 0:
                 save(step)
