@@ -11,7 +11,8 @@ The state is a fixed-size tree per kind (n_k sites, C components, K = top_k, W =
   position − window … position + window of that row (NaN outside the sequence), so a report can
   shade every token of a context by CI without keeping any batch.
 
-Per batch, the top K of each component comes in two stages that keep the work where the batch
+Per batch and site (``lax.map`` over each kind's stack, so temporaries exist for one site at a
+time), the top K of each component comes in two stages that keep the work where the batch
 lives: ``lax.top_k`` over each row's positions (the batch axis stays sharded), then over the
 B·K row winners; the batch's top K is merged with the running top K by one more ``lax.top_k``
 over the 2K candidates. ``lax.top_k`` puts the lower index first among equal values, and the
@@ -108,7 +109,15 @@ def harvest_update(
     new: State = {}
     for kind, ci in ci_lower.items():
         old = state[kind]
-        values, where, windows = _batch_top_k(ci, batch_index, top_k=top_k, window=window)
+        # One site at a time (lax.map over the kind's stack): the transposed copy and top_k's
+        # sort buffers then exist for one site, not the whole kind (at Llama-8B shapes the
+        # difference is hundreds of GiB of temporaries per device).
+        values, where, windows = jax.lax.map(
+            lambda site_ci: tuple(
+                a[0] for a in _batch_top_k(site_ci[None], batch_index, top_k=top_k, window=window)
+            ),
+            ci,
+        )
         cand = jnp.concatenate([old["top_ci"], values], axis=-1)  # running first: ties → older
         best, pick = jax.lax.top_k(cand, top_k)
         cand_where = jnp.concatenate([old["top_where"], where], axis=2)

@@ -77,12 +77,19 @@ def _l0_heatmap(records: list[dict[str, Any]]) -> str | None:
             if x is not None:
                 grid[i, j] = x
     steps = [r["step"] for r in train]
-    fig = Figure(figsize=(9, max(2.5, 0.18 * len(sites) + 1.2)), layout="constrained")
+    # At most ~60 labelled rows (224 sites of Llama-8B: every 4th) and a bounded height.
+    every = max(1, math.ceil(len(sites) / 60))
+    fig = Figure(
+        figsize=(9, min(14.0, max(2.5, 0.18 * len(sites) / every + 1.2))), layout="constrained"
+    )
     ax = fig.subplots()
     image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis")
+    labels = [
+        s.replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "") for s in sites
+    ]
     ax.set_yticks(
-        range(len(sites)),
-        [s.replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "") for s in sites],
+        range(0, len(sites), every),
+        labels[::every],
         fontsize=7,
     )
     ticks = np.linspace(0, len(steps) - 1, min(len(steps), 10)).round().astype(int)
@@ -114,7 +121,7 @@ def _density_histograms(columns: dict[str, list[Any]], meta: dict[str, Any]) -> 
     density = np.asarray(columns["density"], dtype=float)
     kind_of = np.asarray(columns["kind"])
     low = max(np.log10(density.min()), -8) if density.size else -8
-    bins = np.linspace(math.floor(low), 0, 25)
+    bins = np.linspace(min(math.floor(low), -1), 0, 25)  # never empty, also when all are 1
     for ax, kind in zip(axes, kinds, strict=False):
         values = np.log10(density[kind_of == kind])
         ax.hist(values, bins=bins, color="C0")
