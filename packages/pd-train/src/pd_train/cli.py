@@ -292,17 +292,5 @@ def _track(args: argparse.Namespace) -> int:
     return analyze_cli.track(args)
 
 
-def _analyze(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
-
-    return analyze_cli.analyze(args)
-
-
-def _report(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
-
-    return analyze_cli.report(args)
-
-
 if __name__ == "__main__":
     sys.exit(main())
