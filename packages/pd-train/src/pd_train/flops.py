@@ -1,0 +1,385 @@
+"""Useful FLOPs of one train step, from the config alone (no tracing, no compile).
+
+The census counts the work the method *needs* per step, entry by entry (term × part × site
+kind), so that XLA's compiled FLOPs (``compiled.cost_analysis()``) can be compared to it: the
+ratio compiled / useful is the step's redundancy (rematerialization, padding, work computed and
+then discarded).
+
+What is counted (2 FLOPs per multiply-add, the usual MFU convention):
+
+- **matmuls** of the target (every site ``x @ W``, attention's ``q·kᵀ`` and ``p·v`` over all T
+  keys, the LM head), of the components (``x @ V``, ``(x@V·m) @ U``, ``V @ U`` for
+  faithfulness) and of the CI function (each type's linear layers and attention);
+- **backward** per matmul: one forward's worth for the input gradient when the input carries
+  a gradient, one for the weight gradient when the weight is trained (so 2× forward for a
+  trained layer inside a differentiated path, 1× for a frozen layer behind a live one, 0 for
+  layers the gradient never reaches);
+- **the optimizer**: :data:`ADAM_FLOPS_PER_PARAM` per trained number (AdamW, clip) and
+  :data:`ADAM_FLOPS_PER_PARAM` per persistent-PGD source number.
+
+Elementwise work (norms, GELU/SiLU, softmax, the KL, squashing, masks, routing draws) is not
+counted: at any realistic width it is < 1 % of the matmuls, and XLA counts it in its own
+figure, so it shows up in the ratio.
+
+What the method needs, per step (B·T = N positions):
+
+- ``clean``: the frozen target once (every layer, the LM head), forward only — it feeds the CI
+  function and the recon terms' clean logits. Not run when faithfulness is the only term.
+- ``ci_fn``: the CI function's forward and backward (its inputs carry no gradient).
+- each recon term, per chunk of its plan and per draw: a masked forward from the chunk's first
+  live *site* (everything before it equals the clean forward, whose activations exist), in
+  which a live site costs ``x@W`` (the δ·x@W path), ``x@V`` and ``(x@V·m)@U``, a frozen site
+  ``x@W``; its backward reaches V/U of the live sites and the masks (→ CI function).
+- ``pgd_recon``: ``n_steps`` extra masked forwards and backwards per (chunk, draw) for the
+  ascent (gradient to the sources only); ``persistent_pgd_recon``: ``n_warmup_steps`` such
+  ascents on the route-all forward (its final ascent reuses the main backward: free).
+- ``faithfulness``: ``V @ U`` per site, forward and backward.
+
+:func:`step_census` is the entry point; :class:`Census` sums by term, part and kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from pd_train.config import (
+    MLPCI,
+    ChunkwiseSubsetRecon,
+    ChunkwiseTransformerCI,
+    Faithfulness,
+    GlobalTransformerCI,
+    ImportanceMinimality,
+    PDConfig,
+    PersistentPGDRecon,
+    PGDRecon,
+    SharedMLPCI,
+    StochasticRecon,
+    VectorMLPCI,
+)
+from pd_train.decomposition import Decomposition, build_decomposition
+from pd_train.models.llama_config import LlamaConfig
+
+__all__ = ["ADAM_FLOPS_PER_PARAM", "Census", "FlopEntry", "ci_fn_flops", "step_census"]
+
+#: FLOPs per trained number per step for AdamW with global-norm clipping: the norm (2), both
+#: moments (3 + 4), bias corrections and sqrt/divide (3), weight decay and the update (2).
+ADAM_FLOPS_PER_PARAM = 14
+
+#: Kinds in canonical order with the stage of the layer they belong to: q/k/v read the
+#: attention input (0), o the attention output (1), gate/up the MLP input (2), down (3).
+_STAGES = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 2,
+           "down_proj": 3}  # fmt: skip
+_KINDS = tuple(_STAGES)
+
+
+@attrs.frozen(kw_only=True)
+class FlopEntry:
+    """FLOPs of one piece of the step. ``term``: ``clean``, ``ci_fn``, ``optimizer`` or a loss
+    term's type; ``part``: ``live``/``frozen``/``attention``/``lm_head`` (target forwards),
+    ``ci_fn``, ``faithfulness``, ``optimizer``; ``phase``: ``step`` or ``pgd_ascent``;
+    ``kind``: the site kind (or None)."""
+
+    term: str
+    part: str
+    phase: str
+    kind: str | None
+    forward: float
+    backward: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+@attrs.frozen(kw_only=True)
+class Census:
+    """Every :class:`FlopEntry` of one step; ``tokens`` = B·T."""
+
+    entries: tuple[FlopEntry, ...]
+    tokens: int
+
+    @property
+    def total(self) -> float:
+        return sum(e.total for e in self.entries)
+
+    @property
+    def forward(self) -> float:
+        return sum(e.forward for e in self.entries)
+
+    @property
+    def backward(self) -> float:
+        return sum(e.backward for e in self.entries)
+
+    def by(self, field: str) -> dict[Any, float]:
+        """Total FLOPs grouped by an entry field (``term``, ``part``, ``phase``, ``kind``)."""
+        out: dict[Any, float] = defaultdict(float)
+        for e in self.entries:
+            out[getattr(e, field)] += e.total
+        return dict(out)
+
+    def table(self) -> str:
+        """A markdown table: GFLOPs per term and part (forward, backward, total)."""
+        rows: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for e in self.entries:
+            r = rows[(e.term, e.phase, e.part)]
+            r[0] += e.forward
+            r[1] += e.backward
+        lines = ["| term | phase | part | fwd GFLOP | bwd GFLOP | total GFLOP |",
+                 "|---|---|---|---:|---:|---:|"]  # fmt: skip
+        for (term, phase, part), (f, b) in rows.items():
+            lines.append(f"| {term} | {phase} | {part} | {f / 1e9:.3f} | {b / 1e9:.3f} | "
+                         f"{(f + b) / 1e9:.3f} |")  # fmt: skip
+        t = self.total
+        lines.append(f"| **total** | | | {self.forward / 1e9:.3f} | {self.backward / 1e9:.3f} | "
+                     f"{t / 1e9:.3f} |")  # fmt: skip
+        return "\n".join(lines)
+
+
+class _Acc:
+    def __init__(self) -> None:
+        self.entries: list[FlopEntry] = []
+
+    def mm(
+        self,
+        m: float,
+        k: float,
+        n: float,
+        *,
+        term: str,
+        part: str,
+        kind: str | None = None,
+        dx: bool,
+        dw: bool,
+        phase: str = "step",
+        times: float = 1.0,
+    ) -> None:
+        """``[m, k] @ [k, n]``, ``times`` over; backward: dx and/or dw (one forward each)."""
+        f = 2.0 * m * k * n * times
+        self.entries.append(
+            FlopEntry(
+                term=term, part=part, phase=phase, kind=kind, forward=f, backward=f * (dx + dw)
+            )
+        )
+
+    def attention(
+        self, b: int, t: int, heads: int, head_dim: int, *, term: str, part: str, grad: bool,
+        phase: str = "step", times: float = 1.0,
+    ) -> None:  # fmt: skip
+        """``q·kᵀ`` and ``p·v`` over all T keys; backward: 2× (both operands carry gradient)."""
+        f = 2 * 2.0 * b * heads * t * t * head_dim * times
+        self.entries.append(
+            FlopEntry(
+                term=term,
+                part=part,
+                phase=phase,
+                kind=None,
+                forward=f,
+                backward=2 * f if grad else 0.0,
+            )
+        )
+
+    def flat(self, flops: float, *, term: str, part: str, kind: str | None = None) -> None:
+        self.entries.append(
+            FlopEntry(term=term, part=part, phase="step", kind=kind, forward=flops, backward=0.0)
+        )
+
+
+def _site_dims(model: LlamaConfig) -> dict[str, tuple[int, int]]:
+    d, ff = model.hidden_size, model.intermediate_size
+    hd = model.head_dim or d // model.num_attention_heads
+    q, kv = model.num_attention_heads * hd, model.num_key_value_heads * hd
+    return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+            "gate_proj": (d, ff), "up_proj": (d, ff), "down_proj": (ff, d)}  # fmt: skip
+
+
+def _clean_forward(acc: _Acc, model: LlamaConfig, b: int, t: int) -> None:
+    dims = _site_dims(model)
+    n, L = b * t, model.num_hidden_layers
+    hd = model.head_dim or model.hidden_size // model.num_attention_heads
+    for kind in _KINDS:
+        d_in, d_out = dims[kind]
+        acc.mm(n, d_in, d_out, term="clean", part="frozen", kind=kind, dx=False, dw=False, times=L)
+    acc.attention(b, t, model.num_attention_heads, hd, term="clean", part="attention", grad=False,
+                  times=L)  # fmt: skip
+    acc.mm(n, model.hidden_size, model.vocab_size, term="clean", part="lm_head", dx=False, dw=False)
+
+
+def _masked_forward(
+    acc: _Acc,
+    model: LlamaConfig,
+    decomposition: Decomposition,
+    live: set[tuple[int, str]],
+    b: int,
+    t: int,
+    *,
+    term: str,
+    train: bool,
+    phase: str,
+    times: float,
+) -> None:
+    """One masked forward + backward with ``live`` (layer, kind) sites on their component path.
+    ``train``: the backward also reaches V/U (else only the masks' sources: a PGD ascent)."""
+    if not live or times == 0:
+        return
+    dims = _site_dims(model)
+    n = b * t
+    hd = model.head_dim or model.hidden_size // model.num_attention_heads
+    first = min(layer for layer, _ in live)
+    first_stage = min(_STAGES[k] for layer, k in live if layer == first)
+    grad = False  # whether the residual stream carries a gradient at this point
+    for layer in range(first, model.num_hidden_layers):
+        for stage in range(4):
+            if layer == first and stage < first_stage:
+                continue  # equal to the clean forward up to the first live site
+            kinds = [k for k in _KINDS if _STAGES[k] == stage]
+            any_live = False
+            for kind in kinds:
+                d_in, d_out = dims[kind]
+                kw: dict[str, Any] = {"term": term, "kind": kind, "phase": phase, "times": times}
+                if (layer, kind) in live:
+                    any_live = True
+                    c = decomposition.kind(kind).C
+                    acc.mm(n, d_in, d_out, part="live", dx=grad, dw=False, **kw)
+                    acc.mm(n, d_in, c, part="live", dx=grad, dw=train, **kw)
+                    acc.mm(n, c, d_out, part="live", dx=True, dw=train, **kw)
+                else:
+                    acc.mm(n, d_in, d_out, part="frozen", dx=grad, dw=False, **kw)
+            grad = grad or any_live
+            if stage == 0:
+                acc.attention(b, t, model.num_attention_heads, hd, term=term, part="attention",
+                              grad=grad, phase=phase, times=times)  # fmt: skip
+    acc.mm(n, model.hidden_size, model.vocab_size, term=term, part="lm_head", dx=grad, dw=False,
+           phase=phase, times=times)  # fmt: skip
+
+
+def ci_fn_flops(
+    pd: PDConfig, decomposition: Decomposition, *, batch_size: int, seq_len: int
+) -> list[FlopEntry]:
+    """The CI function's forward and backward FLOPs, per kind (site-local types) or per part
+    (transformers), for ``pd.ci`` — one branch per ``pd.ci.type``."""
+    acc = _Acc()
+    ci = pd.ci
+    n = batch_size * seq_len
+    common = {"term": "ci_fn", "part": "ci_fn"}
+    if isinstance(ci, MLPCI | VectorMLPCI):
+        for lay in decomposition.kinds:
+            kw = {**common, "kind": lay.kind, "times": len(lay.layers)}
+            h = ci.hidden_dims
+            if isinstance(ci, MLPCI):  # x@V, then per component 1 -> h0 (elementwise)
+                acc.mm(n, lay.d_in, lay.C, dx=False, dw=True, **kw)
+                acc.mm(n * lay.C, 1, h[0], dx=True, dw=True, **kw)
+            else:  # per component d_in -> h0 on x
+                acc.mm(n * lay.C, lay.d_in, h[0], dx=False, dw=True, **kw)
+            for a, c in itertools.pairwise(h):
+                acc.mm(n * lay.C, a, c, dx=True, dw=True, **kw)
+            acc.mm(n * lay.C, h[-1], 1, dx=True, dw=True, **kw)
+    elif isinstance(ci, SharedMLPCI):
+        for lay in decomposition.kinds:
+            kw = {**common, "kind": lay.kind, "times": len(lay.layers)}
+            dims = (lay.d_in, *ci.hidden_dims, lay.C)
+            for i, (a, c) in enumerate(itertools.pairwise(dims)):
+                acc.mm(n, a, c, dx=i > 0, dw=True, **kw)
+    elif isinstance(ci, ChunkwiseTransformerCI | GlobalTransformerCI):
+        from pd_train.ci import make_ci_function
+
+        fn: Any = make_ci_function(ci, decomposition=decomposition)
+        n_chunks = len(fn.chunks())
+        d, hid = ci.d_model, ci.mlp_hidden
+        kv = fn.kv_heads * fn.head_dim
+        nb = ci.n_blocks * n_chunks
+        acc.mm(n, fn.input_dim(), d, dx=False, dw=True, times=n_chunks, **common)
+        for k_, n_ in ((d, d), (d, kv), (d, kv), (d, d), (d, hid), (hid, d)):
+            acc.mm(n, k_, n_, dx=True, dw=True, times=nb, **common)
+        acc.attention(batch_size, seq_len, ci.n_heads, fn.head_dim, grad=True, times=nb, **common)
+        for lay in decomposition.kinds:
+            acc.mm(n, d, lay.C, dx=True, dw=True, kind=lay.kind, times=len(lay.layers), **common)
+    else:
+        msg = f"pd.ci.type: no FLOP count for {ci!r}"
+        raise ValueError(msg)
+    return acc.entries
+
+
+def _ci_param_count(pd: PDConfig, decomposition: Decomposition) -> int:
+    from pd_train.ci import make_ci_function
+
+    fn = make_ci_function(pd.ci, decomposition=decomposition)
+    total = 0
+    for a in fn.arrays(decomposition):
+        size = 1
+        for s in a.shape:
+            size *= s
+        total += size
+    return total
+
+
+def _live_sets(
+    decomposition: Decomposition, chunks: Iterable[Iterable[int]]
+) -> list[set[tuple[int, str]]]:
+    sites = decomposition.sites
+    return [{(sites[i].layer, sites[i].kind) for i in chunk} for chunk in chunks]
+
+
+def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
+    """The useful FLOPs of one train step of ``pd`` on ``model`` with batches [pd.batch_size,
+    seq_len] (see the module docstring for what counts)."""
+    from pd_train.losses import all_sites_plan, chunkwise_plan
+
+    decomposition = build_decomposition(model, pd.decomposition_targets)
+    b, t = pd.batch_size, seq_len
+    acc = _Acc()
+    needs_ci = any(not isinstance(term, Faithfulness) for term in pd.loss_metrics)
+    if needs_ci:
+        _clean_forward(acc, model, b, t)
+        acc.entries.extend(ci_fn_flops(pd, decomposition, batch_size=b, seq_len=t))
+    for term in pd.loss_metrics:
+        name = term.type
+        if isinstance(term, Faithfulness):
+            for lay in decomposition.kinds:
+                acc.mm(lay.d_in, lay.C, lay.d_out, term=name, part="faithfulness", kind=lay.kind,
+                       dx=True, dw=True, times=len(lay.layers))  # fmt: skip
+            continue
+        if isinstance(term, ImportanceMinimality):
+            continue  # elementwise on ci_upper only
+        if isinstance(term, StochasticRecon | PersistentPGDRecon):
+            plan = all_sites_plan(decomposition)
+        elif isinstance(term, ChunkwiseSubsetRecon):
+            plan = chunkwise_plan(decomposition, term.sites_per_chunk)
+        elif isinstance(term, PGDRecon):
+            plan = (
+                all_sites_plan(decomposition)
+                if term.sites_per_chunk is None
+                else chunkwise_plan(decomposition, term.sites_per_chunk)
+            )
+        else:
+            msg = f"pd.loss_metrics: no FLOP count for term {term!r}"
+            raise ValueError(msg)
+        samples = getattr(term, "n_samples", 1)
+        ascents = 0
+        if isinstance(term, PGDRecon):
+            ascents = term.n_steps * samples
+        elif isinstance(term, PersistentPGDRecon):
+            ascents = term.n_warmup_steps
+        for live in _live_sets(decomposition, plan.chunks):
+            _masked_forward(acc, model, decomposition, live, b, t, term=name, train=True,
+                            phase="step", times=samples)  # fmt: skip
+            _masked_forward(acc, model, decomposition, live, b, t, term=name, train=False,
+                            phase="pgd_ascent", times=ascents)  # fmt: skip
+        if isinstance(term, PersistentPGDRecon):
+            lead = b if term.scope == "bsc" else 1
+            numel = sum(len(k.layers) * lead * t * (k.C + 1) for k in decomposition.kinds)
+            acc.flat(ADAM_FLOPS_PER_PARAM * numel, term=name, part="optimizer")
+    n_comp = sum(len(k.layers) * k.C * (k.d_in + k.d_out) for k in decomposition.kinds)
+    acc.flat(ADAM_FLOPS_PER_PARAM * n_comp, term="optimizer", part="optimizer", kind="components")
+    acc.flat(ADAM_FLOPS_PER_PARAM * _ci_param_count(pd, decomposition), term="optimizer",
+             part="optimizer", kind="ci_fn")  # fmt: skip
+    return Census(entries=tuple(acc.entries), tokens=b * t)
+
+
+def census_summary(census: Census) -> Mapping[str, float]:
+    """GFLOPs per term (a flat dict for compile.json / metrics)."""
+    return {k: v / 1e9 for k, v in census.by("term").items()}

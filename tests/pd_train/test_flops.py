@@ -1,0 +1,172 @@
+"""The useful-FLOP census (pd_train.flops): a hand count on a one-layer toy, every CI type."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pd_train.ci import make_ci_function
+from pd_train.config import (
+    MLPCI,
+    ChunkwiseSubsetRecon,
+    ChunkwiseTransformerCI,
+    DecompositionTarget,
+    Faithfulness,
+    GlobalTransformerCI,
+    ImportanceMinimality,
+    OptimizerConfig,
+    PDConfig,
+    PersistentPGDRecon,
+    PGDOptimizer,
+    PGDRecon,
+    SharedMLPCI,
+    StochasticRecon,
+    VectorMLPCI,
+)
+from pd_train.decomposition import build_decomposition
+from pd_train.flops import ADAM_FLOPS_PER_PARAM, ci_fn_flops, step_census
+from pd_train.models.llama_config import LlamaConfig
+
+# One layer: d 8, two heads of 4 (q 8 wide), one KV head (k/v 4 wide), d_ff 16, vocab 32.
+TOY = LlamaConfig(
+    vocab_size=32,
+    hidden_size=8,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+B, T = 2, 3
+N = B * T
+OPT = OptimizerConfig(lr=1e-3)
+
+
+def _pd(**kw: object) -> PDConfig:
+    base: dict[str, object] = {
+        "steps": 10,
+        "batch_size": B,
+        "decomposition_targets": (
+            DecompositionTarget(module_pattern="layers.0.mlp.down_proj", C=3),
+        ),
+        "ci": SharedMLPCI(hidden_dims=(5,)),
+        "loss_metrics": (
+            Faithfulness(coeff=1.0),
+            ImportanceMinimality(coeff=1.0),
+            StochasticRecon(coeff=1.0),
+        ),
+        "components": OPT,
+        "ci_fn": OPT,
+    }
+    base.update(kw)
+    return PDConfig(**base)  # type: ignore[arg-type]
+
+
+def test_census_equals_a_hand_count_on_a_one_layer_toy() -> None:
+    """down_proj (16 -> 8, C 3) decomposed, shared_mlp CI 16 -> 5 -> 3, faithfulness +
+    importance + stochastic recon; every number below counted by hand (2 FLOPs per MAC)."""
+    census = step_census(TOY, _pd(), seq_len=T)
+    # clean forward: site MACs per token q 64 + k 32 + v 32 + o 64 + gate 128 + up 128 +
+    # down 128 = 576; attention 2 matmuls x B x heads x T x T x head_dim; LM head 8 x 32.
+    clean = 2 * N * 576 + 2 * 2 * B * 2 * T * T * 4 + 2 * N * 8 * 32
+    # CI function: 16 -> 5 (input carries no grad: dW only) and 5 -> 3 (dx and dW).
+    ci = 2 * N * 16 * 5 * 2 + 2 * N * 5 * 3 * 3
+    # faithfulness: V @ U (16 x 3 x 8), backward dV and dU.
+    faith = 2 * 16 * 3 * 8 * 3
+    # recon: starts at the live down_proj (q..up equal the clean forward): x@W forward only
+    # (its input carries no gradient), x@V forward + dV, (xV*m)@U forward + d(xV*m) + dU,
+    # LM head forward + d(input).
+    recon = 2 * N * 16 * 8 + 2 * N * 16 * 3 * 2 + 2 * N * 3 * 8 * 3 + 2 * N * 8 * 32 * 2
+    # AdamW on V, U (3 x (16 + 8)) and the CI MLP (16*5 + 5 + 5*3 + 3).
+    opt = ADAM_FLOPS_PER_PARAM * (3 * 24 + 103)
+    by_term = census.by("term")
+    assert by_term["clean"] == clean == 10560
+    assert by_term["ci_fn"] == ci == 2460
+    assert by_term["faithfulness"] == faith == 2304
+    assert by_term["stochastic_recon"] == recon == 9696
+    assert by_term["optimizer"] == opt
+    assert "importance_minimality" not in by_term  # elementwise only
+    assert census.total == clean + ci + faith + recon + opt
+    assert census.tokens == N
+
+
+def test_frozen_sites_behind_a_live_one_cost_their_input_gradient() -> None:
+    """q_proj live: everything after it in the layer carries a gradient (dx = 1x forward),
+    frozen sites never get a weight gradient; PGD ascents add n_steps masked passes."""
+    pd = _pd(
+        decomposition_targets=(
+            DecompositionTarget(module_pattern="layers.0.self_attn.q_proj", C=2),
+        ),
+        loss_metrics=(PGDRecon(coeff=1.0, n_steps=3),),
+    )
+    census = step_census(TOY, pd, seq_len=T)
+    frozen = [e for e in census.entries if e.term == "pgd_recon" and e.part == "frozen"]
+    step = {e.kind: e for e in frozen if e.phase == "step"}
+    # k and v read the same (clean) input as q: no gradient; o, gate, up, down are behind q.
+    assert step["k_proj"].backward == 0 and step["v_proj"].backward == 0
+    for kind in ("o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert step[kind].backward == step[kind].forward
+    ascent = sum(e.total for e in census.entries if e.phase == "pgd_ascent")
+    # an ascent is the same pass without weight gradients (dV, dU): 3 of them.
+    main = [e for e in census.entries if e.term == "pgd_recon" and e.phase == "step"]
+    no_dw = sum(e.forward + (e.backward if e.part != "live" else 0) for e in main)
+    live_dx = 2 * N * 2 * 8  # the live site's only input gradient: d(xV*m) of (xV*m)@U
+    assert ascent == pytest.approx(3 * (no_dw + live_dx))
+
+
+@pytest.mark.parametrize(
+    "ci",
+    [
+        MLPCI(hidden_dims=(4, 3)),
+        SharedMLPCI(hidden_dims=(6,)),
+        VectorMLPCI(hidden_dims=(4,)),
+        ChunkwiseTransformerCI(d_model=8, n_blocks=2, n_heads=2, mlp_hidden=12),
+        GlobalTransformerCI(d_model=8, n_blocks=1, n_heads=2, n_kv_heads=1, mlp_hidden=12),
+    ],
+    ids=lambda c: c.type,
+)
+def test_ci_forward_is_two_flops_per_weight_per_position(ci: object) -> None:
+    """Every weight matrix of every CI type is applied once per position (plus attention for
+    the transformers, plus x@V for ``mlp``): its forward = 2·N·Σ weight numel (+ those)."""
+    model = LlamaConfig(
+        vocab_size=32,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    targets = (DecompositionTarget(module_pattern="layers.*.mlp.*", C=3),)
+    pd = _pd(decomposition_targets=targets, ci=ci)
+    dec = build_decomposition(model, targets)
+    fn = make_ci_function(ci, decomposition=dec)  # type: ignore[arg-type]
+    weights = sum(
+        math.prod(a.shape)
+        for a in fn.arrays(dec)
+        if any(p in ("in_w", "out_w") or p.startswith("w") for p in a.path)
+    )
+    entries = ci_fn_flops(pd, dec, batch_size=B, seq_len=T)
+    forward = sum(e.forward for e in entries)
+    extra = 0
+    if isinstance(ci, MLPCI):
+        extra = sum(2 * N * k.d_in * k.C * len(k.layers) for k in dec.kinds)
+    if isinstance(ci, ChunkwiseTransformerCI | GlobalTransformerCI):
+        n_chunks = len(fn.chunks())  # type: ignore[attr-defined]
+        extra = 2 * 2 * B * T * T * 8 * ci.n_blocks * n_chunks  # heads x head_dim = d_model
+    assert forward == 2 * N * weights + extra
+    assert sum(e.backward for e in entries) > forward  # dW everywhere, dx past the input
+
+
+def test_every_term_and_the_production_recipe_are_counted() -> None:
+    pd = _pd(
+        decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.*", C=3),),
+        loss_metrics=(
+            ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=2),
+            PersistentPGDRecon(coeff=0.5, n_warmup_steps=2, optimizer=PGDOptimizer(lr=0.01)),
+        ),
+    )
+    census = step_census(TOY, pd, seq_len=T)
+    terms = census.by("term")
+    assert terms["chunkwise_subset_recon"] > 0 and terms["persistent_pgd_recon"] > 0
+    assert census.by("phase")["pgd_ascent"] > 0
+    assert census.forward + census.backward == census.total
