@@ -4,6 +4,8 @@ brute-force numpy reference on the same CI values (no model: CI tensors are give
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ from pd_train.analysis import (
     harvest_update,
     init_harvest_state,
     l0_groups,
+    load_vocabulary,
 )
 from pd_train.config import DecompositionTarget
 from pd_train.decomposition import build_decomposition
@@ -169,3 +172,28 @@ def test_eval_component_stats_record_by_hand() -> None:
     assert record["l0_group/kind.q_proj"] == pytest.approx(8 / 3)
     assert record["l0_group/kind.down_proj"] == pytest.approx(1.0)
     assert record["l0_group/total"] == pytest.approx(11 / 3)
+
+
+def test_vocabulary_from_a_checkpoint_directory(tmp_path: Path) -> None:
+    from pd_train.assets import tiny_llama_path, tiny_vocab
+
+    tiny = load_vocabulary(tiny_llama_path())
+    assert tiny is not None and tiny.tokens == list(tiny_vocab())
+    assert tiny.join([tiny.token(0), tiny.token(10)]) == "<bos> the"
+    assert tiny.token(10_000) == "#10000"
+    assert load_vocabulary(tmp_path) is None  # random-weight targets, no files
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {"vocab": {"Ġthe": 0, "cat": 1, "Ċ": 3}},
+                "added_tokens": [{"id": 4, "content": "<|end|>"}],
+            }
+        )
+    )
+    bpe = load_vocabulary(tmp_path)
+    assert bpe is not None
+    assert [bpe.token(i) for i in range(5)] == [" the", "cat", "#2", "\n", "<|end|>"]
+    assert bpe.join([bpe.token(0), bpe.token(1)]) == " thecat"
+    (tmp_path / "vocab.json").write_text('{"a": "b"}')
+    with pytest.raises(ValueError, match=r"vocab\.json: expected a list of tokens"):
+        load_vocabulary(tmp_path)
