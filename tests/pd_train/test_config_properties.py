@@ -237,3 +237,30 @@ def test_yaml_1_1_surprises_read_the_same_in_both_places(tmp_path: Path) -> None
     assert load_config(RAW, ["run_name=yes"])[0].run_name == "yes"
     assert load_config(RAW, ["seed=010"])[0].seed == 10
     assert load_config(file_with("seed", "010"))[0].seed == 10
+
+
+scalar_text = st.one_of(
+    st.text(alphabet="0123456789.+-eExoabfINnulrtyF_:~ ", max_size=8),
+    st.sampled_from(["yes", "No", "on", "TRUE", "~", "null", ".inf", "-.Inf", ".NaN", "0o17"]),
+)
+
+
+@SETTINGS
+@given(text=scalar_text)
+def test_probe_arm_values_read_like_set_values(text: str) -> None:
+    """`pd-train probe --arm NAME:PATH=VALUE` (pd-probe's scalar parser) and `--set PATH=VALUE`
+    (pd-train's YAML loader) read a scalar alike: one schema, YAML 1.2 core."""
+    from pd_probe import OverrideError, parse_scalar
+    from pd_train._config_io import load_yaml
+
+    try:
+        by_arm = parse_scalar(text)
+        by_set = load_yaml(text) if text.strip() else None
+    except (OverrideError, yaml.YAMLError):
+        return
+    if isinstance(by_set, (dict, list)):
+        return  # flow collections: pd-probe refuses mappings and parses lists itself
+    if isinstance(by_set, str):
+        by_set = by_set.strip()
+    assert type(by_arm) is type(by_set), (text, by_arm, by_set)
+    assert by_arm == by_set or (by_arm != by_arm and by_set != by_set), (text, by_arm, by_set)
