@@ -1,7 +1,8 @@
 """Orbax checkpoints of a decomposition run: two items per step, the last N kept.
 
 ``decomposition`` holds what a user of the result needs (V/U and CI-function params);
-``training`` holds what only resuming needs (optimizer state, step, run key, data position).
+``training`` holds what only resuming needs (optimizer state, step, run key, data position, and
+with a ``persistent_pgd_recon`` term the adversary: its sources and their optimizer state).
 Every process calls :meth:`Checkpoints.save` and :meth:`Checkpoints.restore`; orbax writes each
 process's shards and coordinates the commit. Restoring takes abstract targets whose leaves
 carry shardings on the *current* mesh, so a checkpoint restores onto any device count that
