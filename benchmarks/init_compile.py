@@ -16,6 +16,12 @@ Then the CI function (``--ci-layers``, 0 skips it): the production chunkwise tra
 16384, one head per site) at ``--ci-layers`` layers, its arrays from pd-train with pd-sharding's
 ZeRO-1 shardings; per-array reference (one output per array) vs stacked (one output per param
 kind), compile only. Prints ``ci init compile speedup at <n> chunks: N.Nx``.
+
+Then persistent PGD's sources (``--sources-layers``, 0 skips it): pd-train's ``PersistentPGD``
+sources of every site at ``--sources-layers`` layers, scope ``bsc`` (``[B, T, C + 1]`` per site,
+B = 128, T = 512, batch-sharded over the 8 devices), U[0, 1); per-array reference (one output
+per site) vs stacked (one output per kind), compile only. Prints ``sources init compile speedup
+at <sites> sites: N.Nx``.
 """
 
 from __future__ import annotations
@@ -145,6 +151,12 @@ def main() -> None:
     parser.add_argument(
         "--ci-layers", type=int, default=32, help="CI-function arm at this many chunks (0: skip)"
     )
+    parser.add_argument(
+        "--sources-layers",
+        type=int,
+        default=32,
+        help="persistent-PGD sources arm at this many layers (0: skip)",
+    )
     args = parser.parse_args()
 
     layer_counts = sorted({int(x) for x in args.layers.split(",")})
@@ -221,6 +233,8 @@ def main() -> None:
     )
     if args.ci_layers:
         ci_init_compile(args.ci_layers, args=args, abstract_key=abstract_key)
+    if args.sources_layers:
+        sources_init_compile(args.sources_layers, args=args, abstract_key=abstract_key)
 
 
 def ci_specs(n_layers: int) -> list[pd_init.ArraySpec]:
@@ -294,6 +308,53 @@ def ci_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_key: ob
         f"(runs {ref.repeats},{stk.repeats}); cpu-time speedup {ref.cpu / stk.cpu:.1f}x"
     )
     print(f"ci init compile speedup at {n_layers} chunks: {ref.wall / stk.wall:.1f}x")
+
+
+def sources_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_key: object) -> None:
+    """Persistent PGD's sources as pd-train initializes them (``PersistentPGD.init_plan``):
+    the per-array reference jit vs the stacked jit of the same plan, compile only."""
+    import attrs
+
+    import pd_sharding
+    from pd_train.config import DecompositionTarget, PersistentPGDRecon, PGDOptimizer
+    from pd_train.decomposition import build_decomposition
+    from pd_train.losses import PersistentPGD
+    from pd_train.models.llama_config import llama3_8b
+
+    arch = attrs.evolve(llama3_8b(), num_hidden_layers=n_layers)
+    targets = [
+        DecompositionTarget(module_pattern=f"layers.*.{kind}", C=DEFAULT_C[short(kind)])
+        for kind in KINDS
+    ]
+    term = PersistentPGDRecon(coeff=0.5, scope="bsc", optimizer=PGDOptimizer(lr=0.01))
+    layout = pd_sharding.Zero1Layout(pd_sharding.make_mesh(data=len(jax.devices())))
+    ppgd = PersistentPGD(
+        term,
+        build_decomposition(arch, targets),
+        batch_size=128,
+        seq_len=512,
+        total_steps=1000,
+        layout=layout,
+    )
+    plan = ppgd.init_plan()
+    n_values = sum(int(np.prod(g.stacked_shape)) for g in plan.groups)
+
+    def per_array() -> None:
+        plan.reference_fn.lower(key=abstract_key).compile()
+
+    def stacked() -> None:
+        plan.stacked_fn.lower(key=abstract_key).compile()
+
+    ref = timed(per_array, budget_s=args.budget, max_repeats=args.repeats)
+    stk = timed(stacked, budget_s=args.budget, max_repeats=args.repeats)
+    sites = len(ppgd.specs())
+    print(
+        f"persistent PGD sources (bsc, B 128 × T 512, {n_values / 1e9:.1f} G values): {sites} "
+        f"arrays in {len(plan.groups)} stacks; per-array {ref.wall:.2f}s wall {ref.cpu:.2f}s cpu, "
+        f"stacked {stk.wall:.2f}s wall {stk.cpu:.2f}s cpu (runs {ref.repeats},{stk.repeats}); "
+        f"cpu-time speedup {ref.cpu / stk.cpu:.1f}x"
+    )
+    print(f"sources init compile speedup at {sites} sites: {ref.wall / stk.wall:.1f}x")
 
 
 if __name__ == "__main__":

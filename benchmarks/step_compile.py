@@ -27,6 +27,12 @@ the scanned step at 32 layers with a chunkwise-transformer CI function cut into 
 number of chunks (``blocks_per_chunk = 32 / chunks``), at reduced width (CI d_model 64, 2
 blocks, 4 heads, MLP 128; target width as above), remat of the CI blocks on. Prints
 ``ci step compile: 32 chunks / 2 chunks R.RRx`` (CPU time).
+
+Then persistent PGD (``--ppgd-warmups``, empty skips it; ``--ppgd-only`` runs only it): the
+scanned step at 8 layers (width as above, 4 recon chunks) plus a ``persistent_pgd_recon`` term
+(bsc, Adam) with each given ``n_warmup_steps``. The warmup ascents are a ``lax.fori_loop``, so
+the compile should not grow with their number. Prints
+``ppgd step compile: warmup 8 / warmup 0 R.RRx`` (CPU time).
 """
 
 from __future__ import annotations
@@ -192,6 +198,42 @@ def ci_step_compile(chunk_counts: list[int], mesh: jax.sharding.Mesh) -> None:
     print(f"ci step compile: {hi} chunks / {lo} chunks {arms[hi].cpu / arms[lo].cpu:.2f}x")
 
 
+def ppgd_compile_arm(n_warmup: int, mesh: jax.sharding.Mesh, layers: int = 8) -> Arm:
+    """The scanned step at ``layers`` layers with a persistent PGD term of ``n_warmup`` warmup
+    ascents per step."""
+    import attrs
+
+    from pd_train.config import PersistentPGDRecon, PGDOptimizer
+
+    jax.clear_caches()
+    base = pd_config(layers, 4, "scan")
+    term = PersistentPGDRecon(
+        coeff=0.5,
+        scope="bsc",
+        n_warmup_steps=n_warmup,
+        optimizer=PGDOptimizer(type="adam", lr=0.01, warmup_frac=0.025, b1=0.5, b2=0.99),
+    )
+    pd = attrs.evolve(base, loss_metrics=(*base.loss_metrics, term))
+    tr = Trainer(model(layers), pd, mesh=mesh, seq_len=SEQ)
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return Arm(cpu, wall, 4, count_kernels(compiled))
+
+
+def ppgd_step_compile(warmups: list[int], mesh: jax.sharding.Mesh) -> None:
+    arms = {}
+    for n in warmups:
+        arms[n] = arm = ppgd_compile_arm(n, mesh)
+        print(
+            f"persistent PGD, 8 layers x 4 chunks, n_warmup_steps {n}: compile {arm.cpu:.1f} "
+            f"CPU s, {arm.wall:.1f} s wall, {arm.kernels} kernels",
+            flush=True,
+        )
+    lo, hi = min(arms), max(arms)
+    print(f"ppgd step compile: warmup {hi} / warmup {lo} {arms[hi].cpu / arms[lo].cpu:.2f}x")
+
+
 def _cells(arm: Arm | None) -> str:
     if arm is None:
         return f"{'skipped':>8} {'':>8} {'':>7}"
@@ -213,7 +255,18 @@ def main() -> None:
         "--ci-chunks", type=int, nargs="*", default=[2, 32], help="CI transformer chunk counts"
     )
     parser.add_argument("--ci-only", action="store_true", help="run only the CI arms")
+    parser.add_argument(
+        "--ppgd-warmups",
+        type=int,
+        nargs="*",
+        default=[0, 2, 8],
+        help="persistent-PGD n_warmup_steps arms",
+    )
+    parser.add_argument("--ppgd-only", action="store_true", help="run only the persistent-PGD arms")
     args = parser.parse_args()
+    if args.ppgd_only:
+        ppgd_step_compile(args.ppgd_warmups, pd_sharding.make_mesh(data=len(jax.devices())))
+        return
     if args.ci_only:
         ci_step_compile(args.ci_chunks, pd_sharding.make_mesh(data=len(jax.devices())))
         return
@@ -300,6 +353,8 @@ def main() -> None:
     )
     if args.ci_chunks:
         ci_step_compile(args.ci_chunks, pd_sharding.make_mesh(data=len(jax.devices())))
+    if args.ppgd_warmups:
+        ppgd_step_compile(args.ppgd_warmups, pd_sharding.make_mesh(data=len(jax.devices())))
 
 
 if __name__ == "__main__":
