@@ -12,8 +12,15 @@ from pd_train.models.llama_config import LlamaConfig, RopeScaling
 
 if TYPE_CHECKING:
     from pd_train.models.flax_llama import LlamaForCausalLM
+    from pd_train.models.gguf import gguf_llama_config, load_gguf_checkpoint
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "RopeScaling"]
+__all__ = [
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "RopeScaling",
+    "gguf_llama_config",
+    "load_gguf_checkpoint",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,5 +28,9 @@ def __getattr__(name: str) -> Any:
         from pd_train.models.flax_llama import LlamaForCausalLM
 
         return LlamaForCausalLM
+    if name in ("gguf_llama_config", "load_gguf_checkpoint"):  # GGUF checkpoints (import jax)
+        from pd_train.models import gguf
+
+        return getattr(gguf, name)
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)
