@@ -8,6 +8,7 @@ divides. Arrays are grouped per kind (``layers.<kind>.V``), as pd-train stacks t
     python benchmarks/init_compile.py                      # 2, 8, 16, 32 layers
     python benchmarks/init_compile.py --layers 4 --c-scale 0.25
     python benchmarks/init_compile.py --c down=4096 --c q=1024
+    python benchmarks/init_compile.py --target builtin:smollm2-all   # SmolLM2-135M, 210 sites
 
 The last line is ``init compile speedup at <sites> sites: ...`` for the largest layer count.
 
@@ -157,6 +158,12 @@ def main() -> None:
         default=32,
         help="persistent-PGD sources arm at this many layers (0: skip)",
     )
+    parser.add_argument(
+        "--target",
+        metavar="CONFIG",
+        help="shapes and C of a real model from a pd-train config (builtin:smollm2-all: "
+        "SmolLM2-135M's 210 sites); layer counts cap at its depth; skips the CI/sources arms",
+    )
     args = parser.parse_args()
 
     layer_counts = sorted({int(x) for x in args.layers.split(",")})
@@ -166,6 +173,15 @@ def main() -> None:
         if kind not in c or not value.isdigit():
             parser.error(f"--c {item!r}: expected KIND=INT with KIND in {list(c)}")
         c[kind] = int(value)
+    if args.target:  # a real model's kinds and C replace Llama-3-8B's
+        from _target import load_target
+
+        arch, shapes, target_c, _ = load_target(args.target)
+        KINDS.clear()
+        KINDS.update(shapes)
+        c = {short(kind): value for kind, value in target_c.items()}
+        layer_counts = sorted({min(n, arch.num_hidden_layers) for n in layer_counts})
+        args.ci_layers = args.sources_layers = 0
 
     # Every arm compiles from scratch: no persistent compilation cache.
     jax.config.update("jax_enable_compilation_cache", False)

@@ -18,6 +18,7 @@ are compared.
 
     python benchmarks/step_compile.py
     python benchmarks/step_compile.py --layers 2 8 --chunks 1 4 --unroll-budget 60
+    python benchmarks/step_compile.py --target builtin:smollm2-all --layers 2 8 30 --chunks 1 5
 
 The last line is
 ``step compile: scan 32Lx16c / 2Lx1c R1x; unroll/scan at 8Lx8c R2x; step time scan/unroll R3x``.
@@ -74,6 +75,8 @@ from pd_train.step import Trainer, step_key
 D_MODEL, HEADS, KV_HEADS, D_FF, VOCAB = 256, 4, 2, 1024, 1024
 C = 64
 BATCH, SEQ = 8, 32
+#: ``--target CONFIG``: a real model's architecture and decomposition targets replace the above.
+TARGET: dict = {}
 
 
 #: Arms: the scanned step, the original system's structure (chunk and layer loops unrolled in
@@ -87,6 +90,10 @@ RECON = {
 
 
 def model(layers: int) -> LlamaConfig:
+    if TARGET:
+        import attrs
+
+        return attrs.evolve(TARGET["arch"], num_hidden_layers=layers)
     return LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=D_MODEL,
@@ -102,7 +109,8 @@ def pd_config(layers: int, chunks: int, loop: str) -> PDConfig:
     return PDConfig(
         steps=1000,
         batch_size=BATCH,
-        decomposition_targets=(DecompositionTarget(module_pattern="layers.*", C=C),),
+        decomposition_targets=TARGET.get("targets")
+        or (DecompositionTarget(module_pattern="layers.*", C=C),),
         ci=SharedMLPCI(hidden_dims=(64,)),
         loss_metrics=(
             Faithfulness(coeff=1e6),
@@ -263,7 +271,22 @@ def main() -> None:
         help="persistent-PGD n_warmup_steps arms",
     )
     parser.add_argument("--ppgd-only", action="store_true", help="run only the persistent-PGD arms")
+    parser.add_argument(
+        "--target",
+        metavar="CONFIG",
+        help="a real model's architecture and decomposition targets (C per kind) from a pd-train "
+        "config, e.g. builtin:smollm2-all (SmolLM2-135M, 210 sites); --layers cap at its depth; "
+        "skips the CI and persistent-PGD arms",
+    )
     args = parser.parse_args()
+    if args.target:
+        from _target import load_target
+
+        arch, _, _, target_pd = load_target(args.target)
+        TARGET.update(arch=arch, targets=target_pd.decomposition_targets)
+        args.layers = sorted({min(n, arch.num_hidden_layers) for n in args.layers})
+        args.ci_chunks, args.ppgd_warmups = [], []
+        print(f"--target {args.target}: {arch}; C {target_pd.decomposition_targets}")
     if args.ppgd_only:
         ppgd_step_compile(args.ppgd_warmups, pd_sharding.make_mesh(data=len(jax.devices())))
         return
@@ -344,11 +367,13 @@ def main() -> None:
         arm = arms.get((loop, layers, chunks))
         return arm.cpu if arm else float("nan")
 
-    r1 = cpu("scan", 32, 16) / cpu("scan", 2, 1)
+    hi, lo = (max(args.layers), max(args.chunks)), (min(args.layers), min(args.chunks))
+    r1 = cpu("scan", *hi) / cpu("scan", *lo)
     r2 = cpu("unroll", 8, 8) / cpu("scan", 8, 8)
     r3 = t_scan / t_unroll
     print(
-        f"step compile: scan 32Lx16c / 2Lx1c {r1:.2f}x; unroll/scan at 8Lx8c {r2:.1f}x; "
+        f"step compile: scan {hi[0]}Lx{hi[1]}c / {lo[0]}Lx{lo[1]}c {r1:.2f}x; "
+        f"unroll/scan at 8Lx8c {r2:.1f}x; "
         f"step time scan/unroll {r3:.2f}x"
     )
     if args.ci_chunks:
