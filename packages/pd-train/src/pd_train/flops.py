@@ -27,7 +27,8 @@ What the method needs, per step (B·T = N positions):
   function and the recon terms' clean logits. Not run when faithfulness is the only term.
 - ``ci_fn``: the CI function's forward and backward (its inputs carry no gradient).
 - each recon term, per chunk of its plan and per draw: a masked forward from the chunk's first
-  live *site* (everything before it equals the clean forward, whose activations exist), in
+  live *site* (everything before it equals the clean forward, whose activations exist, and
+  so do the ``x@W`` of that site's stage), in
   which a live site costs ``x@W`` (the δ·x@W path), ``x@V`` and ``(x@V·m)@U``, a frozen site
   ``x@W``; its backward reaches V/U of the live sites and the masks (→ CI function).
 - ``pgd_recon``: ``n_steps`` extra masked forwards and backwards per (chunk, draw) for the
@@ -41,6 +42,8 @@ What the method needs, per step (B·T = N positions):
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -106,6 +109,12 @@ class Census:
     @property
     def total(self) -> float:
         return sum(e.total for e in self.entries)
+
+    @property
+    def matmul(self) -> float:
+        """Everything but the optimizer's elementwise work: what compiled matmul FLOPs
+        (:func:`hlo_matmul_flops`) compare to."""
+        return sum(e.total for e in self.entries if e.part != "optimizer")
 
     @property
     def forward(self) -> float:
@@ -241,13 +250,17 @@ def _masked_forward(
             for kind in kinds:
                 d_in, d_out = dims[kind]
                 kw: dict[str, Any] = {"term": term, "kind": kind, "phase": phase, "times": times}
+                # x@W at the first live site's stage reads the clean input: the clean forward
+                # computed it already.
+                clean_xw = layer == first and stage == first_stage
                 if (layer, kind) in live:
                     any_live = True
                     c = decomposition.kind(kind).C
-                    acc.mm(n, d_in, d_out, part="live", dx=grad, dw=False, **kw)
+                    if not clean_xw:
+                        acc.mm(n, d_in, d_out, part="live", dx=grad, dw=False, **kw)
                     acc.mm(n, d_in, c, part="live", dx=grad, dw=train, **kw)
                     acc.mm(n, c, d_out, part="live", dx=True, dw=train, **kw)
-                else:
+                elif not clean_xw:
                     acc.mm(n, d_in, d_out, part="frozen", dx=grad, dw=False, **kw)
             grad = grad or any_live
             if stage == 0:
@@ -265,10 +278,10 @@ def ci_fn_flops(
     acc = _Acc()
     ci = pd.ci
     n = batch_size * seq_len
-    common = {"term": "ci_fn", "part": "ci_fn"}
+    common: dict[str, Any] = {"term": "ci_fn", "part": "ci_fn"}
     if isinstance(ci, MLPCI | VectorMLPCI):
         for lay in decomposition.kinds:
-            kw = {**common, "kind": lay.kind, "times": len(lay.layers)}
+            kw: dict[str, Any] = {**common, "kind": lay.kind, "times": len(lay.layers)}
             h = ci.hidden_dims
             if isinstance(ci, MLPCI):  # x@V, then per component 1 -> h0 (elementwise)
                 acc.mm(n, lay.d_in, lay.C, dx=False, dw=True, **kw)
@@ -383,3 +396,198 @@ def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
 def census_summary(census: Census) -> Mapping[str, float]:
     """GFLOPs per term (a flat dict for compile.json / metrics)."""
     return {k: v / 1e9 for k, v in census.by("term").items()}
+
+
+# ------------------------------------------------------------------ compiled programs
+
+_COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_DIMS = re.compile(r"\[([\d,]*)\]")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    """``f32[4,8]{1,0} dot(...)`` -> (shape, remainder); tuple shapes keep their parentheses."""
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[: i + 1], rest[i + 1 :].lstrip()
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def _numel(shape: str) -> int:
+    m = _DIMS.search(shape)
+    if m is None or not m.group(1):
+        return 1
+    return math.prod(int(d) for d in m.group(1).split(","))
+
+
+def _dims(shape: str) -> list[int]:
+    m = _DIMS.search(shape)
+    return [int(d) for d in m.group(1).split(",")] if m and m.group(1) else []
+
+
+def _attr_list(text: str, name: str) -> list[int]:
+    m = re.search(name + r"=\{([\d,]*)\}", text)
+    return [int(d) for d in m.group(1).split(",")] if m and m.group(1) else []
+
+
+def _called(text: str, name: str) -> list[str]:
+    m = re.search(name + r"=\{([^}]*)\}", text)
+    if m:
+        return [c.strip().lstrip("%") for c in m.group(1).split(",") if c.strip()]
+    m = re.search(name + r"=%?([\w.\-]+)", text)
+    return [m.group(1)] if m else []
+
+
+@attrs.frozen(kw_only=True)
+class HloFlops:
+    """Matmul FLOPs (``dot`` and ``convolution``, 2 per MAC) of one compiled program per device,
+    with every while loop's body counted ``known_trip_count`` times and each conditional at its
+    most expensive branch (an upper bound where branches differ); ``flops_min`` counts each
+    conditional at its cheapest branch (a lower bound). ``unknown_loops``: loops without a
+    known trip count, counted once."""
+
+    flops: float
+    flops_min: float
+    unknown_loops: int
+
+
+def hlo_matmul_flops(hlo_text: str) -> HloFlops:
+    """Count the matmul FLOPs of an HLO module's text (``compiled.as_text()``), per device.
+
+    XLA's own ``cost_analysis()`` counts a while loop's body once, whatever its trip count, so
+    for pd's scanned layers and chunks it reports a fraction of the work; this walks the call
+    graph instead and multiplies."""
+    comps: dict[str, list[str]] = {}
+    entry = None
+    current: list[str] | None = None
+    for line in hlo_text.splitlines():
+        if current is None:
+            m = _COMP_HEADER.match(line)
+            if m:
+                current = comps.setdefault(m.group(1), [])
+                if line.startswith("ENTRY"):
+                    entry = m.group(1)
+        elif line.strip() == "}":
+            current = None
+        else:
+            current.append(line)
+    unknown = 0
+    memo: dict[str, tuple[float, float]] = {}
+
+    def add(a: tuple[float, float], b: tuple[float, float], n: float = 1.0) -> tuple[float, float]:
+        return (a[0] + n * b[0], a[1] + n * b[1])
+
+    def comp_flops(name: str) -> tuple[float, float]:
+        """(lower, upper) FLOPs of one computation."""
+        nonlocal unknown
+        if name in memo:
+            return memo[name]
+        memo[name] = (0.0, 0.0)  # guards recursion
+        shapes: dict[str, str] = {}
+        total = (0.0, 0.0)
+        for line in comps.get(name, []):
+            m = _INSTR.match(line)
+            if not m:
+                continue
+            iname, rest = m.groups()
+            shape, tail = _split_shape(rest)
+            shapes[iname] = shape
+            op = tail.split("(", 1)[0].strip()
+            if op == "dot":
+                operands = tail.split("(", 1)[1].split(")", 1)[0]
+                lhs = operands.split(",")[0].strip().lstrip("%")
+                lhs_dims = _dims(shapes.get(lhs, ""))
+                contract = math.prod(lhs_dims[d] for d in _attr_list(tail, "lhs_contracting_dims"))
+                total = add(total, (2.0 * _numel(shape) * contract,) * 2)
+            elif op == "convolution":
+                operands = tail.split("(", 1)[1].split(")", 1)[0]
+                rhs = operands.split(",")[1].strip().lstrip("%")
+                rhs_dims = _dims(shapes.get(rhs, ""))
+                # 2 x output elements x kernel elements per output feature
+                out_features = max(_dims(shape)[-1:] or [1])
+                f = 2.0 * _numel(shape) * math.prod(rhs_dims) / max(out_features, 1)
+                total = add(total, (f, f))
+            elif op == "while":
+                trip = _TRIP.search(tail)
+                if trip is None:
+                    unknown += 1
+                n = int(trip.group(1)) if trip else 1
+                for c in _called(tail, "body"):
+                    total = add(total, comp_flops(c), n)
+            elif op == "conditional":
+                branches = _called(tail, "branch_computations") or (
+                    _called(tail, "true_computation") + _called(tail, "false_computation")
+                )
+                costs = [comp_flops(c) for c in branches] or [(0.0, 0.0)]
+                total = add(total, (min(c[0] for c in costs), max(c[1] for c in costs)))
+            elif op in ("fusion", "call", "async-start", "custom-call"):
+                called = _called(tail, "calls") + (
+                    _called(tail, "to_apply") if op == "call" else []
+                )
+                for c in called:
+                    total = add(total, comp_flops(c))
+        memo[name] = total
+        return total
+
+    if entry is None:
+        msg = "hlo_matmul_flops: no ENTRY computation in the HLO text"
+        raise ValueError(msg)
+    lo, hi = comp_flops(entry)
+    return HloFlops(flops=hi, flops_min=lo, unknown_loops=unknown)
+
+
+@attrs.frozen(kw_only=True)
+class CompiledCost:
+    """One compiled program, per device: ``matmul_flops`` / ``matmul_flops_min`` (upper and
+    lower bound, :func:`hlo_matmul_flops`),
+    ``xla_flops`` and ``bytes_accessed`` (XLA's ``cost_analysis()``: loop bodies counted once),
+    and the memory from ``memory_analysis()`` (bytes; None where the backend has none)."""
+
+    matmul_flops: float
+    matmul_flops_min: float
+    xla_flops: float | None
+    bytes_accessed: float | None
+    unknown_loops: int
+    argument_bytes: int | None
+    output_bytes: int | None
+    temp_bytes: int | None
+    peak_bytes: int | None
+
+
+def compiled_cost(compiled: Any) -> CompiledCost:
+    """FLOPs, bytes and memory per device of a ``jax.stages.Compiled``."""
+    try:
+        ca = compiled.cost_analysis()
+    except Exception:  # not every backend implements it
+        ca = None
+    if isinstance(ca, list | tuple):
+        ca = ca[0] if ca else None
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:
+        ma = None
+
+    def mem(field: str) -> int | None:
+        value = getattr(ma, field, None) if ma is not None else None
+        return None if value is None else int(value)
+
+    hlo = hlo_matmul_flops(compiled.as_text())
+    return CompiledCost(
+        matmul_flops=hlo.flops,
+        matmul_flops_min=hlo.flops_min,
+        xla_flops=None if not ca or "flops" not in ca else float(ca["flops"]),
+        bytes_accessed=None
+        if not ca or "bytes accessed" not in ca
+        else float(ca["bytes accessed"]),
+        unknown_loops=hlo.unknown_loops,
+        argument_bytes=mem("argument_size_in_bytes"),
+        output_bytes=mem("output_size_in_bytes"),
+        temp_bytes=mem("temp_size_in_bytes"),
+        peak_bytes=mem("peak_memory_in_bytes"),
+    )
