@@ -93,3 +93,40 @@ def test_sources_checkpoint_restores_onto_another_device_count(tmp_path: Path) -
     sources = got["sources"]["q_proj"]
     assert sources.shape == (2, 8, 8, 5)
     assert len(sources.sharding.device_set) == 2
+
+
+BAD = [
+    ({"scope": "bc"}, "pd.loss_metrics[3].scope: got 'bc'; must be one of 'sc', 'bsc'"),
+    ({"n_warmup_steps": -1}, "pd.loss_metrics[3].n_warmup_steps: got -1; must be >= 0"),
+    ({"optimizer": {"type": "sgd", "lr": 0.1}}, "pd.loss_metrics[3].optimizer.type: got 'sgd'"),
+    ({"coeff": 0.0}, "pd.loss_metrics[3].coeff: got 0.0; must be > 0"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_pgd_config_is_reported_by_field_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, message: str
+) -> None:
+    from pd_train.cli import main
+
+    config = _config(tmp_path, tmp_path / "cache")
+    config["pd"]["loss_metrics"][3] = {**PPGD, **change}
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_negative_pgd_steps_are_reported_by_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pd_train.cli import main
+
+    config = _config(tmp_path, tmp_path / "cache")
+    config["pd"]["loss_metrics"].append({"type": "pgd_recon", "coeff": 1.0, "n_steps": -3})
+    config["pd"]["eval_pgd"] = {"mask_scope": "per_token"}
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert "pd.loss_metrics[4].n_steps: got -3; must be >= 0" in err, err
+    assert "pd.eval_pgd.mask_scope: got 'per_token'" in err, err
+    assert not (tmp_path / "runs").exists()
