@@ -181,6 +181,11 @@ def test_on_compile_announces_each_compile_with_its_cache_outcome(tmp_path):
                     jax.jit(step).lower(x).compile()
             with rec.phase("step"):
                 jnp.zeros(3, jnp.int32).astype(jnp.float32)  # helper jits: not announced
+
+                def _warmup(v):  # the caller's own jit, private name and all: announced
+                    return v + 2.0
+
+                jax.jit(_warmup).lower(x).compile()
         assert jax_util.test_event_listener is listener
         compilation_cache.reset_cache()
         jax.config.update("jax_compilation_cache_dir", None)
@@ -194,6 +199,7 @@ def test_on_compile_announces_each_compile_with_its_cache_outcome(tmp_path):
     assert [line.rsplit("… ", 1)[0] for line in lines] == [
         "compiling step (cache miss)",
         "compiling step (cache hit)",
+        "compiling step: _warmup (cache miss)",
         "compiling step: <lambda> (no cache)",
     ], lines
     assert all(line.endswith(" s") for line in lines)
@@ -201,4 +207,4 @@ def test_on_compile_announces_each_compile_with_its_cache_outcome(tmp_path):
     once = [("start", None), ("cache", "{}"), ("done", "{}")]
     assert events == [(e, c and c.format("miss")) for e, c in once] + [
         (e, c and c.format("hit")) for e, c in once
-    ]
+    ] + [(e, c and c.format("miss")) for e, c in once]

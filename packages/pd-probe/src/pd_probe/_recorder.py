@@ -88,15 +88,37 @@ def peak_rss_bytes() -> int:
 
 
 #: jax.numpy / jax.random helpers that JAX compiles as tiny jits of their own (a dtype cast, a
-#: key fold): not announced, they take milliseconds. Names starting with "_" are JAX internals.
+#: key fold): not announced, they take milliseconds. A caller's own jit named ``_warmup`` is.
 _HELPER_JITS = frozenset(
     {"convert_element_type", "broadcast_in_dim", "concatenate", "reshape", "squeeze", "copy"}
     | {"iota", "random_wrap", "random_unwrap", "random_bits", "random_seed", "clip", "fill"}
 )
+_HELPER_PREFIXES = (
+    "_threefry",
+    "_random",
+    "_uniform",
+    "_normal",
+    "_bernoulli",
+    "_gamma",
+    "_split",
+    "_fold_in",
+    "_wrap",
+    "_unwrap",
+    "_where",
+    "_multi_slice",
+    "_reduce",
+    "_take",
+    "_rewriting_take",
+    "_gather",
+    "_one_hot",
+    "_cumulative",
+    "_mean",
+    "_var",
+)
 
 
 def _is_helper(name: str) -> bool:
-    return name.startswith("_") or name in _HELPER_JITS
+    return name in _HELPER_JITS or name.startswith(_HELPER_PREFIXES)
 
 
 def _persistent_cache_on() -> bool:
