@@ -12,7 +12,7 @@ current chunk takes the frozen path under ``lax.cond``, so it costs only its x@W
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,15 +24,17 @@ from pd_train.decomposition import Decomposition, Segment
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import masks, sample_source
+from pd_train.targets.base import Target, as_target
 
 Tree = Any
 
 
 @attrs.frozen(kw_only=True)
 class ForwardSpec:
-    """Static settings of the forwards."""
+    """Static settings of the forwards. ``model``: the target (a :class:`Target`, or a
+    ``LlamaConfig`` for the Llama target)."""
 
-    model: LlamaConfig
+    model: LlamaConfig | Target
     decomposition: Decomposition
     compute_dtype: Any = jnp.float32
     sampling: str = "continuous"
@@ -41,10 +43,16 @@ class ForwardSpec:
     #: ``constrain(x [B, ...]) -> x`` keeps activations batch-sharded (identity without a mesh).
     constrain: Callable[[jax.Array], jax.Array] = attrs.field(default=lambda x: x, eq=False)
 
+    @property
+    def target(self) -> Target:
+        """The model as a :class:`Target` (its layer body, kinds and output)."""
+        return as_target(self.model)
 
-def site_id(layer: int, kind: str) -> int:
-    """A site's number for folding its source key: independent of which sites are decomposed."""
-    return layer * len(llama.KINDS) + llama.KINDS.index(kind)
+
+def site_id(layer: int, kind: str, kinds: Sequence[str] = llama.KINDS) -> int:
+    """A site's number for folding its source key: independent of which sites are decomposed.
+    ``kinds``: the target's kinds (default Llama's)."""
+    return layer * len(kinds) + tuple(kinds).index(kind)
 
 
 def loop(
@@ -69,23 +77,21 @@ def _slice(tree: Tree, start: int, size: int) -> Tree:
 
 
 def _frozen_body(
-    spec: ForwardSpec, cos: jax.Array, sin: jax.Array, *, collect: bool = False
+    spec: ForwardSpec, ctx: Any, *, collect: bool = False
 ) -> Callable[[jax.Array, Tree], tuple[jax.Array, Any]]:
     """The plain layer; ``collect``: also emit its input (the residual stream) as ``ys``."""
+    arch = spec.target
 
     def body(h: jax.Array, layer: Tree) -> tuple[jax.Array, Any]:
-        out = spec.constrain(llama.decoder_layer(h, layer, cos, sin, spec.model))
+        out = spec.constrain(arch.layer(h, layer, ctx))
         return out, (h if collect else None)
 
     return body
 
 
-def _start(
-    spec: ForwardSpec, target: Tree, tokens: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    h = spec.constrain(llama.embed(target, tokens, spec.compute_dtype))
-    cos, sin = llama.rope_cos_sin(spec.model, tokens.shape[1], spec.compute_dtype)
-    return h, cos, sin
+def _start(spec: ForwardSpec, target: Tree, tokens: jax.Array) -> tuple[jax.Array, Any]:
+    h, ctx = spec.target.start(target, tokens, spec.compute_dtype)
+    return spec.constrain(h), ctx
 
 
 class CleanRunner:
@@ -104,14 +110,15 @@ class CleanRunner:
         self, site_fn: Callable[[str, jax.Array, Any], Any], site_xs: Mapping[str, Any]
     ) -> tuple[jax.Array, dict[str, Any]]:
         spec = self.spec
-        h, cos, sin = _start(spec, self.target, self.tokens)
+        arch = spec.target
+        h, ctx = _start(spec, self.target, self.tokens)
         outputs: dict[str, list[Any]] = {k: [] for k in site_xs}
         stream: list[jax.Array] = []
         for seg in spec.decomposition.segments:
             layers = _slice(self.target["layers"], seg.start, seg.size)
             kinds = [k for k in seg.kinds if k in site_xs]
             if not kinds:
-                body = _frozen_body(spec, cos, sin, collect=True)
+                body = _frozen_body(spec, ctx, collect=True)
                 h, inputs = loop(body, h, layers, unroll=spec.layer_unroll)
                 stream.append(inputs)
                 continue
@@ -126,7 +133,7 @@ class CleanRunner:
                         ys[kind] = site_fn(kind, jax.lax.stop_gradient(x), xs["sites"][kind])
                     return x @ w.astype(x.dtype)
 
-                out = llama.decoder_layer(h, xs["layer"], cos, sin, spec.model, linear)
+                out = arch.layer(h, xs["layer"], ctx, linear)
                 return spec.constrain(out), (ys, h)
 
             xs = {"layer": layers, "sites": sites}
@@ -135,7 +142,7 @@ class CleanRunner:
             for k in kinds:
                 outputs[k].append(ys[k])
         self.stream = jax.lax.stop_gradient(jnp.concatenate([*stream, h[None]], axis=0))
-        logits = llama.unembed(self.target, h, spec.model)
+        logits = arch.finish(self.target, h)
         joined = {
             k: jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *v)
             for k, v in outputs.items()
@@ -180,7 +187,7 @@ def masked_forward(
     names = spec.decomposition.kind_names
     static = isinstance(live, np.ndarray)
     n_layers = spec.decomposition.n_layers
-    h, cos, sin = _start(spec, target, tokens)
+    h, ctx = _start(spec, target, tokens)
     first: Any = 0
     if clean_stream is not None:
         if static:
@@ -206,7 +213,7 @@ def masked_forward(
             frozen = not seg.kinds or (flags is not None and not any(flags))
             if frozen and flags is not None:  # static and frozen: the plain layer
                 layers = _slice(target["layers"], start, stop - start)
-                h, _ = loop(_frozen_body(spec, cos, sin), h, layers, unroll=spec.layer_unroll)
+                h, _ = loop(_frozen_body(spec, ctx), h, layers, unroll=spec.layer_unroll)
                 continue
             if frozen:
                 xs: dict[str, Any] = {"layer": _slice(target["layers"], start, stop - start)}
@@ -220,12 +227,12 @@ def masked_forward(
             if routed is not None and not frozen:
                 xs["routed"] = routed[start:stop][:, cols]
             body = _masked_body(
-                spec, seg, cos, sin, key, flags, frozen=frozen, source_scale=source_scale
+                spec, seg, ctx, key, flags, frozen=frozen, source_scale=source_scale
             )
             if spec.remat_layers:
                 body = jax.checkpoint(body)
             h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
-    return llama.unembed(target, h, spec.model)
+    return spec.target.finish(target, h)
 
 
 def _static_runs(first: int, seg_live: np.ndarray) -> list[tuple[int, int, tuple[bool, ...]]]:
@@ -252,11 +259,12 @@ def _layer_xs(
 ) -> dict[str, Any]:
     """Per-layer inputs of layers [start, stop) of ``seg``: static slices of every stack."""
     size = stop - start
+    kinds = spec.target.kinds
     offsets = [(k, o + start - seg.start) for k, o in zip(seg.kinds, seg.offsets, strict=True)]
     xs: dict[str, Any] = {
         "layer": _slice(target["layers"], start, size),
         "site_id": jnp.asarray(
-            [[site_id(layer, k) for k in seg.kinds] for layer in range(start, stop)],
+            [[site_id(layer, k, kinds) for k in seg.kinds] for layer in range(start, stop)],
             dtype=jnp.uint32,
         ),
         "V": {k: _slice(components[k]["V"], o, size) for k, o in offsets},
@@ -271,8 +279,7 @@ def _layer_xs(
 def _masked_body(
     spec: ForwardSpec,
     seg: Segment,
-    cos: jax.Array,
-    sin: jax.Array,
+    ctx: Any,
     key: jax.Array,
     flags: tuple[bool, ...] | None,
     *,
@@ -282,7 +289,7 @@ def _masked_body(
     """The layer body. ``flags``: static live kinds (no branches). None: per layer, copy the
     clean stream (``xs["copy"]``, before the first live layer), else run the live layer if
     ``xs["live"]`` has a live kind, else the frozen one (``frozen``: no live branch at all)."""
-    model = spec.model
+    arch = spec.target
 
     def body(h: jax.Array, xs: Tree) -> tuple[jax.Array, None]:
         def live_layer(h: jax.Array) -> jax.Array:
@@ -313,10 +320,10 @@ def _masked_body(
                     route = route & xs["routed"][j]
                 return jnp.where(route[..., None], out, xw)
 
-            return llama.decoder_layer(h, xs["layer"], cos, sin, model, linear)
+            return arch.layer(h, xs["layer"], ctx, linear)
 
         def frozen_layer(h: jax.Array) -> jax.Array:
-            return llama.decoder_layer(h, xs["layer"], cos, sin, model)
+            return arch.layer(h, xs["layer"], ctx)
 
         if flags is not None:
             return spec.constrain(live_layer(h)), None

@@ -19,8 +19,8 @@ import attrs
 
 from pd_train._config_io import ConfigError
 from pd_train.config import DecompositionTarget
-from pd_train.models.llama import KINDS
 from pd_train.models.llama_config import LlamaConfig
+from pd_train.targets.base import Target, as_target
 
 __all__ = [
     "Decomposition",
@@ -43,7 +43,10 @@ _MODULE = {
 
 
 def site_name(layer: int, kind: str) -> str:
-    """``site_name(3, "down_proj") == "layers.3.mlp.down_proj"``."""
+    """``site_name(3, "down_proj") == "layers.3.mlp.down_proj"``; a kind that is not Llama's
+    (a toy target's) is named ``layers.{layer}.{kind}``: ``site_name(0, "W") == "layers.0.W"``."""
+    if kind not in _MODULE:
+        return f"layers.{layer}.{kind}"
     return f"layers.{layer}.{_MODULE[kind]}.{kind}"
 
 
@@ -138,7 +141,7 @@ class Decomposition:
 
 
 def build_decomposition(
-    model: LlamaConfig,
+    model: LlamaConfig | Target,
     targets: Sequence[DecompositionTarget],
     *,
     path: str = "pd.decomposition_targets",
@@ -147,12 +150,12 @@ def build_decomposition(
 
     Raises ConfigError (naming ``{path}[i].module_pattern``) when a pattern matches no site, a
     site matches two patterns, or one kind would get two different C (a kind's sites share C
-    because they are stacked).
+    because they are stacked). ``model``: the target (a LlamaConfig for the Llama target).
     """
+    arch = as_target(model)
+    n_layers = arch.n_layers
     names = [
-        (layer, kind, site_name(layer, kind))
-        for layer in range(model.num_hidden_layers)
-        for kind in KINDS
+        (layer, kind, site_name(layer, kind)) for layer in range(n_layers) for kind in arch.kinds
     ]
     owner: dict[str, int] = {}
     problems: list[tuple[str, str]] = []
@@ -160,10 +163,11 @@ def build_decomposition(
         where = f"{path}[{i}].module_pattern"
         hits = [name for _, _, name in names if fnmatch.fnmatchcase(name, target.module_pattern)]
         if not hits:
+            first, last = arch.kinds[0], arch.kinds[-1]
             msg = (
                 f"{target.module_pattern!r} matches no site; sites are named like "
-                f"{site_name(0, 'q_proj')!r} or {site_name(model.num_hidden_layers - 1, 'down_proj')!r}"
-                f" (layers 0..{model.num_hidden_layers - 1})"
+                f"{site_name(0, first)!r} or {site_name(n_layers - 1, last)!r}"
+                f" (layers 0..{n_layers - 1})"
             )
             problems.append((where, msg))
         for name in hits:
@@ -180,9 +184,9 @@ def build_decomposition(
     if problems:
         raise ConfigError(problems)
 
-    shapes = model.site_shapes()
+    shapes = arch.site_shapes()
     kinds: list[KindLayout] = []
-    for kind in KINDS:
+    for kind in arch.kinds:
         matched = [(layer, owner[name]) for layer, k, name in names if k == kind and name in owner]
         if not matched:
             continue
@@ -204,4 +208,4 @@ def build_decomposition(
                 d_out=d_out,
             )
         )
-    return Decomposition(n_layers=model.num_hidden_layers, kinds=tuple(kinds))
+    return Decomposition(n_layers=n_layers, kinds=tuple(kinds))

@@ -55,10 +55,10 @@ from pd_train.losses import (
     pnorm_at,
     recon_loss,
 )
-from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, make_optimizer
 from pd_train.squash import lower_leaky_hard, upper_leaky_hard
+from pd_train.targets import Target, as_target
 
 __all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
 
@@ -96,7 +96,7 @@ class Trainer:
     """The decomposition of one target and its jitted functions (not the training loop).
 
     Args:
-        model: the target's architecture.
+        model: the target's architecture (a LlamaConfig, or any :class:`pd_train.targets.Target`).
         pd: the decomposition and its losses and optimizers.
         runtime: compute dtype and remat switches.
         mesh: a pd-sharding mesh (axes replicate, data, tensor) for the ZeRO-1 layout, or None
@@ -112,7 +112,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: LlamaConfig,
+        model: LlamaConfig | Target,
         pd: PDConfig,
         runtime: RuntimeConfig | None = None,
         *,
@@ -433,6 +433,9 @@ class Trainer:
         """FSDP shardings for a target params tree (arrays or ShapeDtypeStructs), or None."""
         if self.layout is None:
             return None
+        if not isinstance(self.model, LlamaConfig):
+            msg = f"FSDP shardings are defined for Llama targets only, not {self.model!r}"
+            raise NotImplementedError(msg)
         lay, hidden = self.layout, self.model.hidden_size
         layers = {
             k: (
@@ -454,7 +457,8 @@ class Trainer:
     def abstract_target(self, dtype: Any = jnp.bfloat16) -> Any:
         """The target's ShapeDtypeStructs (with shardings when there is a mesh)."""
         target = jax.eval_shape(
-            functools.partial(llama.init_params, self.model, dtype=dtype), key=jax.random.key(0)
+            functools.partial(as_target(self.model).init_params, dtype=dtype),
+            key=jax.random.key(0),
         )
         shardings = self.target_shardings(target)
         if shardings is None:

@@ -36,6 +36,8 @@ __all__ = [
     "all_sites_plan",
     "chunkwise_plan",
     "kl_clean_masked",
+    "mse_clean_masked",
+    "output_divergence",
     "recon_loss",
     "routing_masks",
     "site_grid",
@@ -51,6 +53,20 @@ def kl_clean_masked(clean_logits: jax.Array, masked_logits: jax.Array) -> jax.Ar
     log_p = jax.nn.log_softmax(clean, axis=-1)
     log_q = jax.nn.log_softmax(masked_logits.astype(jnp.float32), axis=-1)
     return jnp.mean(jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1))
+
+
+def mse_clean_masked(clean: jax.Array, masked: jax.Array) -> jax.Array:
+    """Mean squared error over every element, fp32; the clean side carries no gradient."""
+    clean32 = jax.lax.stop_gradient(clean.astype(jnp.float32))
+    return jnp.mean(jnp.square(masked.astype(jnp.float32) - clean32))
+
+
+def output_divergence(spec: ForwardSpec, clean: jax.Array, masked: jax.Array) -> jax.Array:
+    """How the target's masked output differs from its clean one: KL on logits or MSE on
+    activations, as the target's ``output_loss`` says."""
+    if spec.target.output_loss == "mse":
+        return mse_clean_masked(clean, masked)
+    return kl_clean_masked(clean, masked)
 
 
 @attrs.frozen(kw_only=True)
@@ -173,7 +189,7 @@ def recon_loss(
     draw_ids = np.tile(np.arange(n_samples, dtype=np.int32), plan.n_chunks)
     site_masks = plan.site_masks()[chunk_ids]
     n_live = plan.n_live()[chunk_ids]
-    batch_shape = tuple(tokens.shape)
+    batch_shape = tuple(tokens.shape[:2])  # [B, T]: tokens, or a toy target's [B, T, features]
 
     def chunk_kl(chunk: Any, draw: Any, site_mask: Any, live_count: Any) -> jax.Array:
         """KL of one (chunk, draw); numpy arguments give a forward specialized to them."""
@@ -201,7 +217,7 @@ def recon_loss(
                 clean_stream=clean_stream,
                 sources=given,
             )
-            return kl_clean_masked(clean_logits, logits)
+            return output_divergence(spec, clean_logits, logits)
 
         given = sources
         if pgd is not None:
