@@ -334,10 +334,10 @@ class PDConfig:
     recon: ReconConfig = attrs.field(factory=ReconConfig)
     components: OptimizerConfig
     ci_fn: OptimizerConfig
-    #: Evaluation also reports ``eval/kl_pgd``: recon under fresh PGD masks (null: not run).
-    eval_pgd: PGDEval | None = None
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
     l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+    #: Evaluation also reports ``eval/kl_pgd``: recon under fresh PGD masks (null: not run).
+    eval_pgd: PGDEval | None = None
 
 
 @attrs.frozen(kw_only=True)
