@@ -25,7 +25,13 @@ from pd_train.config import (
     VectorMLPCI,
 )
 from pd_train.decomposition import build_decomposition
-from pd_train.flops import ADAM_FLOPS_PER_PARAM, ci_fn_flops, compiled_cost, step_census
+from pd_train.flops import (
+    ADAM_FLOPS_PER_PARAM,
+    ci_fn_flops,
+    compiled_cost,
+    efficiency_report,
+    step_census,
+)
 from pd_train.models.llama_config import LlamaConfig
 
 # One layer: d 8, two heads of 4 (q 8 wide), one KV head (k/v 4 wide), d_ff 16, vocab 32.
@@ -188,6 +194,14 @@ def test_hlo_flops_multiply_loop_bodies_by_their_trip_count() -> None:
     if cost.xla_flops is not None:
         assert cost.xla_flops < 2 * 2 * 8 * 16 * 16  # the body, once
     assert cost.temp_bytes is None or cost.temp_bytes >= 0
+
+    # what `pd-train compile` prints for a train step whose census is half the compiled FLOPs
+    from pd_train.compile import CompileRow
+
+    row = CompileRow("train_step", 0.0, 0.0, None, cost=cost, useful=cost.matmul_flops / 2)
+    report = efficiency_report([row])
+    assert "train_step" in report and "matmul 0.000 GFLOP" in report
+    assert "compiled/useful 2.00x" in report
 
 
 def test_compiled_step_matches_the_census_without_remat() -> None:

@@ -34,6 +34,10 @@ class CompileRow:
     compile_s: float
     memory: dict[str, int] | None
     cache: str = "off"
+    #: pd_train.flops: the compiled cost per device; the census's useful FLOPs (train_step).
+    cost: Any = None
+    useful: float | None = None
+    devices: int = 1
 
 
 def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -104,6 +108,7 @@ def compile_all(
     ``progress``: a text stream (e.g. ``sys.stderr``) that gets a line per jit as it lowers
     and compiles, with the compile cache's outcome; None for silence."""
     from pd_probe import CompileAnnouncer, Recorder
+    from pd_train import flops
     from pd_train import run as runner
 
     prepared = runner.prepare(source, overrides, for_run=False)
@@ -126,6 +131,7 @@ def compile_all(
             recorder.memory(name, compiled)
             cache = _cache_outcome(recorder.cache_outcomes(name))
             rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled), cache))
+            flops.annotate(rows[-1], compiled, rt, prepared)
     return rows
 
 
@@ -158,4 +164,6 @@ def format_compile_table(rows: Sequence[CompileRow]) -> str:
         f"\ntotal lower + compile: {total:.1f} s (per-device memory from XLA); "
         f"{hits} of {len(rows)} jits loaded from the compile cache"
     )
-    return "\n".join(lines)
+    from pd_train.flops import efficiency_report
+
+    return "\n".join(lines) + "\n\n" + efficiency_report(rows)

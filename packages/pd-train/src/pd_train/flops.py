@@ -591,3 +591,58 @@ def compiled_cost(compiled: Any) -> CompiledCost:
         temp_bytes=mem("temp_size_in_bytes"),
         peak_bytes=mem("peak_memory_in_bytes"),
     )
+
+
+def _fmt_ratio(lo: float, hi: float) -> str:
+    return f"{hi:.2f}x" if abs(hi - lo) < 0.005 * hi else f"{lo:.2f}-{hi:.2f}x"
+
+
+def efficiency_report(rows: Iterable[Any]) -> str:
+    """Lines for ``pd-train compile``: per jit, compiled matmul GFLOPs per device (loops
+    multiplied out; a range where conditionals differ), XLA's own GFLOPs and GB accessed (loop
+    bodies once), peak memory; then the train step's compiled / useful ratio. ``rows``: objects
+    with ``jit``, ``cost`` (:class:`CompiledCost` or None), ``useful`` (census matmul FLOPs of
+    the whole step, train_step only) and ``devices``."""
+    lines = [
+        "FLOPs and memory per device (matmul GFLOP with loops multiplied out, a range where "
+        "conditionals differ; XLA's cost_analysis counts loop bodies once):"
+    ]
+    summary = []
+    for r in rows:
+        c = getattr(r, "cost", None)
+        if c is None:
+            continue
+        lo, hi = c.matmul_flops_min / 1e9, c.matmul_flops / 1e9
+        flops = f"{hi:.3f}" if lo == hi else f"{lo:.3f}-{hi:.3f}"
+        xla = "-" if c.xla_flops is None else f"{c.xla_flops / 1e9:.3f}"
+        acc = "-" if c.bytes_accessed is None else f"{c.bytes_accessed / 1e9:.3f}"
+        peak = "-" if c.peak_bytes is None else f"{c.peak_bytes / 2**30:.3f}"
+        lines.append(
+            f"  {r.jit:<20} matmul {flops} GFLOP, XLA {xla} GFLOP, {acc} GB accessed, "
+            f"peak {peak} GiB"
+        )
+        useful = getattr(r, "useful", None)
+        if useful:
+            n = getattr(r, "devices", 1)
+            ratio = _fmt_ratio(c.matmul_flops_min * n / useful, c.matmul_flops * n / useful)
+            summary.append(
+                f"{r.jit}: useful {useful / 1e9:.3f} GFLOP (census), compiled "
+                f"{lo * n:.3f}{'' if lo == hi else f'-{hi * n:.3f}'} GFLOP on {n} device(s): "
+                f"compiled/useful {ratio}"
+                + (f" ({c.unknown_loops} loops of unknown trip count)" if c.unknown_loops else "")
+            )
+    return "\n".join([*lines, "", *summary])
+
+
+def annotate(row: Any, compiled: Any, runtime: Any, prepared: Any) -> None:
+    """Fill a ``pd_train.compile.CompileRow``'s ``cost`` (and, for the train step, ``useful``
+    and ``devices``) from its compiled program and the run's config."""
+    import jax
+
+    row.cost = compiled_cost(compiled)
+    if row.jit == "train_step":
+        config = prepared.config
+        census = step_census(prepared.model, config.pd, seq_len=config.data.seq_len)
+        row.useful = census.matmul
+        mesh = runtime.trainer.mesh
+        row.devices = mesh.devices.size if mesh is not None else jax.device_count()
