@@ -41,9 +41,11 @@ What the method needs, per step (B·T = N positions):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -67,7 +69,22 @@ from pd_train.config import (
 from pd_train.decomposition import Decomposition, build_decomposition
 from pd_train.models.llama_config import LlamaConfig
 
-__all__ = ["ADAM_FLOPS_PER_PARAM", "Census", "FlopEntry", "ci_fn_flops", "step_census"]
+__all__ = [
+    "ADAM_FLOPS_PER_PARAM",
+    "PEAK_TFLOPS",
+    "Census",
+    "CompiledCost",
+    "FlopEntry",
+    "HloFlops",
+    "MFUMeter",
+    "ci_fn_flops",
+    "compiled_cost",
+    "efficiency_report",
+    "hlo_matmul_flops",
+    "measured_cpu_peak",
+    "peak_flops_per_device",
+    "step_census",
+]
 
 #: FLOPs per trained number per step for AdamW with global-norm clipping: the norm (2), both
 #: moments (3 + 4), bias corrections and sqrt/divide (3), weight decay and the update (2).
@@ -646,3 +663,93 @@ def annotate(row: Any, compiled: Any, runtime: Any, prepared: Any) -> None:
         row.useful = census.matmul
         mesh = runtime.trainer.mesh
         row.devices = mesh.devices.size if mesh is not None else jax.device_count()
+
+
+# ------------------------------------------------------------------ MFU
+
+#: Dense peak TFLOP/s per device from NVIDIA's datasheets (SXM parts; no sparsity):
+#: "bfloat16" is the BF16 tensor-core peak, "float32" the TF32 tensor-core peak, which is what
+#: XLA uses for fp32 matmuls at JAX's default precision on these GPUs. Sources: NVIDIA A100
+#: datasheet (BF16 312, TF32 156), H100 datasheet (SXM: BF16 989, TF32 495; PCIe: 756, 378),
+#: H200 datasheet (SXM: BF16 989, TF32 495). Matched on ``device.device_kind``, first hit wins.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bfloat16": 989.0, "float16": 989.0, "float32": 495.0}),
+    ("H100 PCIe", {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0}),
+    ("H100", {"bfloat16": 989.0, "float16": 989.0, "float32": 495.0}),
+    ("A100", {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0}),
+)
+
+
+@functools.cache
+def measured_cpu_peak(dtype: str = "float32", n: int = 1024) -> float:
+    """FLOP/s of the host measured once per process: best of 5 timed ``[n, n] @ [n, n]`` in
+    ``dtype`` on one device after a warm-up (about a second on a laptop CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def peak_flops_per_device(
+    device: Any, dtype: str, *, n_local_devices: int = 1
+) -> tuple[float, str]:
+    """(peak FLOP/s of one device for ``dtype`` matmuls, where the figure comes from). Known
+    GPUs from :data:`PEAK_TFLOPS`; anything else (CPU): :func:`measured_cpu_peak` divided by
+    the process's devices (simulated CPU devices share the host's cores)."""
+    kind = str(getattr(device, "device_kind", ""))
+    for name, peaks in PEAK_TFLOPS:
+        if name.lower() in kind.lower():
+            return peaks.get(dtype, peaks["float32"]) * 1e12, f"datasheet {name} {dtype}"
+    peak = measured_cpu_peak(dtype) / max(n_local_devices, 1)
+    return peak, f"measured {kind or 'host'} {dtype} matmul / {n_local_devices} device(s)"
+
+
+class MFUMeter:
+    """Achieved useful TFLOP/s per device and MFU between two host syncs of the step loop.
+
+    ``useful_flops``: the census's FLOPs of one step (whole batch); ``devices``: the devices the
+    step runs on; ``peak``: FLOP/s of one device. :meth:`measure` at a logging step (after the
+    metrics reached the host) returns ``{"perf/step_s", "perf/useful_tflops_per_device",
+    "perf/mfu"}`` averaged since the previous call (``{}`` at the first: the baseline, so the
+    first step's compile is never counted)."""
+
+    def __init__(self, useful_flops: float, *, devices: int, peak: float) -> None:
+        self.useful_flops = useful_flops
+        self.devices = max(devices, 1)
+        self.peak = peak
+        self._last: tuple[int, float] | None = None
+
+    @classmethod
+    def for_trainer(cls, trainer: Any, *, seq_len: int) -> MFUMeter:
+        """The meter of a :class:`pd_train.step.Trainer`'s run."""
+        import jax
+
+        census = step_census(trainer.model, trainer.pd, seq_len=seq_len)
+        devices = trainer.mesh.devices.size if trainer.mesh is not None else 1
+        peak, _ = peak_flops_per_device(
+            jax.local_devices()[0],
+            trainer.runtime.compute_dtype,
+            n_local_devices=jax.local_device_count(),
+        )
+        return cls(census.total, devices=devices, peak=peak)
+
+    def measure(self, step: int, now: float | None = None) -> dict[str, float]:
+        now = time.perf_counter() if now is None else now
+        last, self._last = self._last, (step, now)
+        if last is None or step <= last[0] or now <= last[1]:
+            return {}
+        step_s = (now - last[1]) / (step - last[0])
+        per_device = self.useful_flops / step_s / self.devices
+        return {
+            "perf/step_s": step_s,
+            "perf/useful_tflops_per_device": per_device / 1e12,
+            "perf/mfu": per_device / self.peak,
+        }

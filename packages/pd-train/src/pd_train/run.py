@@ -538,6 +538,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     import pd_sharding
     from pd_probe import Recorder
     from pd_train import evaluate as evaluation
+    from pd_train import flops
     from pd_train.checkpoints import Checkpoints
     from pd_train.data import Batches, TokenDataset
     from pd_train.models import llama
@@ -679,6 +680,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             is_primary=primary,
             log_every=config.cadence.train_log_every,
         )
+        mfu = flops.MFUMeter.for_trainer(trainer, seq_len=config.data.seq_len)
         stopped_early = False
         evaluated = False
         step = start_step
@@ -702,6 +704,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             step += 1
             if step % config.cadence.train_log_every == 0 or step in (start_step + 1, steps):
                 host = trainer.metrics_to_host(metrics)
+                host.update(mfu.measure(done))  # useful TFLOP/s per device and MFU
                 metrics_log.log(done, "train", host)
                 progress.update(done, host)
             else:

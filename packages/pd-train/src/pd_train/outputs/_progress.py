@@ -16,6 +16,7 @@ DEFAULT_KEYS = (
     "loss/stochastic_recon",
     "loss/chunkwise_subset_recon",
     "loss/importance_minimality",
+    "perf/mfu",
 )
 # Short labels keep the bar on one line; unknown keys are shown without their "group/" prefix.
 SHORT_LABELS = {
@@ -24,6 +25,7 @@ SHORT_LABELS = {
     "loss/stochastic_recon": "stoch_recon",
     "loss/chunkwise_subset_recon": "recon",
     "loss/importance_minimality": "imp_min",
+    "perf/mfu": "mfu",
 }
 
 
