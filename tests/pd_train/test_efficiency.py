@@ -37,6 +37,9 @@ def test_mfu_is_useful_flops_per_second_per_device_over_the_peak() -> None:
     assert perf["perf/step_s"] == 1.5
     assert perf["perf/useful_tflops_per_device"] == 2.0  # 6e12 / 1.5 / 2
     assert perf["perf/mfu"] == 2.0
+    # a target the census does not count (a toy): no perf metrics rather than wrong ones
+    blind = MFUMeter(None, devices=1, peak=1e12)
+    assert blind.measure(0, now=1.0) == {} and blind.measure(1, now=2.0) == {}
 
 
 def test_a_run_logs_mfu_in_metrics_and_finite(tmp_path: Path, capsys) -> None:

@@ -359,6 +359,9 @@ def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
     seq_len] (see the module docstring for what counts)."""
     from pd_train.losses import all_sites_plan, chunkwise_plan
 
+    if not isinstance(model, LlamaConfig):
+        msg = f"step_census counts Llama targets only, not {type(model).__name__}"
+        raise TypeError(msg)
     decomposition = build_decomposition(model, pd.decomposition_targets)
     b, t = pd.batch_size, seq_len
     acc = _Acc()
@@ -659,7 +662,10 @@ def annotate(row: Any, compiled: Any, runtime: Any, prepared: Any) -> None:
     row.cost = compiled_cost(compiled)
     if row.jit == "train_step":
         config = prepared.config
-        census = step_census(prepared.model, config.pd, seq_len=config.data.seq_len)
+        try:
+            census = step_census(prepared.model, config.pd, seq_len=config.data.seq_len)
+        except TypeError:  # a target the census does not cover
+            return
         row.useful = census.matmul
         mesh = runtime.trainer.mesh
         row.devices = mesh.devices.size if mesh is not None else jax.device_count()
@@ -721,7 +727,7 @@ class MFUMeter:
     "perf/mfu"}`` averaged since the previous call (``{}`` at the first: the baseline, so the
     first step's compile is never counted)."""
 
-    def __init__(self, useful_flops: float, *, devices: int, peak: float) -> None:
+    def __init__(self, useful_flops: float | None, *, devices: int, peak: float) -> None:
         self.useful_flops = useful_flops
         self.devices = max(devices, 1)
         self.peak = peak
@@ -732,19 +738,22 @@ class MFUMeter:
         """The meter of a :class:`pd_train.step.Trainer`'s run."""
         import jax
 
-        census = step_census(trainer.model, trainer.pd, seq_len=seq_len)
+        try:
+            useful: float | None = step_census(trainer.model, trainer.pd, seq_len=seq_len).total
+        except TypeError:  # a target the census does not cover: no perf metrics
+            useful = None
         devices = trainer.mesh.devices.size if trainer.mesh is not None else 1
         peak, _ = peak_flops_per_device(
             jax.local_devices()[0],
             trainer.runtime.compute_dtype,
             n_local_devices=jax.local_device_count(),
         )
-        return cls(census.total, devices=devices, peak=peak)
+        return cls(useful, devices=devices, peak=peak)
 
     def measure(self, step: int, now: float | None = None) -> dict[str, float]:
         now = time.perf_counter() if now is None else now
         last, self._last = self._last, (step, now)
-        if last is None or step <= last[0] or now <= last[1]:
+        if self.useful_flops is None or last is None or step <= last[0] or now <= last[1]:
             return {}
         step_s = (now - last[1]) / (step - last[0])
         per_device = self.useful_flops / step_s / self.devices
