@@ -1,0 +1,335 @@
+"""Decomposing toy targets whose mechanism is known, and the ground-truth metrics.
+
+:func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot feature
+input [n_features, C]. From it: :func:`alive_components` (components some feature activates
+above a threshold), :func:`identity_ci_error` (how far the best feature→component assignment is
+from one component per feature) and :func:`recovers_identity` (each feature activates exactly
+one component above ``on`` and no other above ``off``, a different one per feature).
+
+:func:`decompose` trains a decomposition of a TMS target with sparse-feature batches drawn on
+device from the run key, with the same :class:`~pd_train.step.Trainer` (and so the same step,
+scans and init) as a Llama target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from pd_train._config_io import ConfigError
+from pd_train._forward import CleanRunner
+from pd_train.config import (
+    MLPCI,
+    ChunkwiseSubsetRecon,
+    DecompositionTarget,
+    ImportanceMinimality,
+    OptimizerConfig,
+    PDConfig,
+    StochasticRecon,
+)
+from pd_train.squash import lower_leaky_hard
+from pd_train.step import Trainer, TrainState, step_key
+from pd_train.targets.tms import DataMode, TMSConfig, TMSTarget, pretrain, sparse_features
+
+__all__ = [
+    "TOYS",
+    "ToyConfig",
+    "alive_components",
+    "decompose",
+    "ground_truth_metrics",
+    "identity_ci_error",
+    "load_weights",
+    "one_hot_ci",
+    "pretrain_toy",
+    "recovers_identity",
+    "run_toy",
+    "save_weights",
+    "toy_config",
+    "toy_weights",
+]
+
+
+def one_hot_ci(
+    trainer: Trainer,
+    params: Any,
+    target_params: Any,
+    n_features: int,
+    *,
+    magnitude: float = 0.75,
+) -> dict[str, np.ndarray]:
+    """``{site name: ci_lower [n_features, C]}`` on the inputs magnitude·e_0 .. e_{F-1}.
+
+    ``magnitude`` < 1 (spd's choice too): at the largest feature value a TMS target's
+    interference from a neighbouring feature can survive the output ReLU, and then the
+    neighbour's component is truly needed on that input."""
+    x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
+    comps = jax.tree_util.tree_map(lambda a: a.astype(trainer.compute_dtype), params["components"])
+    clean = CleanRunner(trainer.forward_spec, target_params, x)
+    _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+    out = {}
+    for site in trainer.decomposition.sites:
+        ci = lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [F, C]
+        out[site.name] = np.asarray(ci, dtype=np.float64)
+    return out
+
+
+def alive_components(ci: np.ndarray, threshold: float = 0.1) -> int:
+    """Components that some one-hot input activates above ``threshold``; ci [F, C]."""
+    return int(np.sum(ci.max(axis=0) > threshold))
+
+
+def identity_ci_error(ci: np.ndarray) -> float:
+    """Mean over features of the L1 distance between a feature's CI row [C] and the one-hot row
+    of its component, under the feature→component assignment (Hungarian, distinct components)
+    that maximizes the assigned CI. 0: one component per feature, fully on, all others off."""
+    rows, cols = linear_sum_assignment(-ci)
+    ideal = np.zeros_like(ci)
+    ideal[rows, cols] = 1.0
+    return float(np.abs(ci - ideal).sum() / ci.shape[0])
+
+
+def recovers_identity(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1) -> bool:
+    """Each feature activates exactly one component above ``on``, none other above ``off``, and
+    no two features share their component; ci [F, C]."""
+    top = ci.argmax(axis=1)
+    rest = ci.copy()
+    rest[np.arange(ci.shape[0]), top] = 0.0
+    return bool(
+        (ci.max(axis=1) > on).all()
+        and (rest <= off).all()
+        and len(set(top.tolist())) == ci.shape[0]
+    )
+
+
+def ground_truth_metrics(ci_by_site: dict[str, np.ndarray]) -> dict[str, float]:
+    """``gt/alive/{site}``, ``gt/identity_ci_error/{site}`` and ``gt/recovered/{site}`` (0/1)."""
+    out: dict[str, float] = {}
+    for name, ci in ci_by_site.items():
+        out[f"gt/alive/{name}"] = float(alive_components(ci))
+        out[f"gt/identity_ci_error/{name}"] = identity_ci_error(ci)
+        out[f"gt/recovered/{name}"] = float(recovers_identity(ci))
+    return out
+
+
+def decompose(
+    target: TMSTarget,
+    target_params: Any,
+    pd: PDConfig,
+    *,
+    seed: int,
+    feature_probability: float,
+    mode: DataMode = "at_least_zero_active",
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    trainer: Trainer | None = None,
+) -> tuple[Trainer, TrainState]:
+    """``pd.steps`` train steps on batches [pd.batch_size, 1, n_features] of sparse features.
+
+    The run key is ``key(seed)``; params start from ``fold_in(run key, 0)``, batch ``i`` is drawn
+    from ``fold_in(fold_in(run key, 1), i)`` and step ``i`` uses :func:`step_key` of
+    ``fold_in(run key, 2)``. ``on_step(i, metrics)`` sees each step's (device) metrics.
+    ``trainer``: reuse one built for the same target and ``pd`` (and its compiled step).
+    """
+    if trainer is None:
+        trainer = Trainer(target, pd)
+    elif trainer.pd != pd or trainer.model != target:
+        msg = "decompose: the given trainer was built for another target or pd config"
+        raise ValueError(msg)
+    run_key = jax.random.key(seed)
+    state = trainer.init_state(key=jax.random.fold_in(run_key, 0))
+    data_key, train_key = jax.random.fold_in(run_key, 1), jax.random.fold_in(run_key, 2)
+    n = target.config.n_features
+
+    @jax.jit
+    def batch(i: jax.Array) -> jax.Array:
+        return sparse_features(
+            key=jax.random.fold_in(data_key, i),
+            batch_size=pd.batch_size,
+            n_features=n,
+            feature_probability=feature_probability,
+            mode=mode,
+        )
+
+    target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
+    for i in range(pd.steps):
+        state, metrics = trainer.train_step(
+            state, target_params, batch(jnp.int32(i)), step_key(train_key, i)
+        )
+        if on_step is not None:
+            on_step(i, metrics)
+    return trainer, state
+
+
+# ---------------------------------------------------------------- built-in toy configs
+
+
+@attrs.frozen(kw_only=True)
+class ToyConfig:
+    """A built-in toy: the target, how it was pretrained, and its decomposition recipe."""
+
+    name: str
+    target: TMSConfig
+    feature_probability: float
+    mode: DataMode
+    pretrain_seed: int
+    pretrain_steps: int
+    pretrain_batch_size: int
+    pretrain_lr: float
+    pd: PDConfig
+
+
+def _tms_pd(*, steps: int, batch_size: int, C: int, lr: float, im_coeff: float) -> PDConfig:
+    opt = OptimizerConfig(lr=lr, final_val_frac=0.0)
+    return PDConfig(
+        steps=steps,
+        batch_size=batch_size,
+        decomposition_targets=(DecompositionTarget(module_pattern="layers.0.*", C=C),),
+        ci=MLPCI(hidden_dims=(16,)),
+        loss_metrics=(
+            ImportanceMinimality(coeff=im_coeff, pnorm_start=1.0, pnorm_end=1.0),
+            StochasticRecon(coeff=1.0),
+            # One site per chunk, routed at every position: layerwise stochastic recon.
+            ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=1),
+        ),
+        components=opt,
+        ci_fn=opt,
+    )
+
+
+TOYS: dict[str, ToyConfig] = {
+    "tms_5_2": ToyConfig(
+        name="tms_5_2",
+        target=TMSConfig(n_features=5, n_hidden=2),
+        feature_probability=0.05,
+        mode="at_least_zero_active",
+        pretrain_seed=0,
+        pretrain_steps=3000,
+        pretrain_batch_size=1024,
+        pretrain_lr=5e-3,
+        pd=_tms_pd(steps=2000, batch_size=256, C=20, lr=1e-2, im_coeff=3e-3),
+    ),
+}
+
+
+def toy_config(name: str) -> ToyConfig:
+    """The built-in toy ``name``; ConfigError naming ``toy`` for an unknown one."""
+    if name not in TOYS:
+        raise ConfigError([("toy", f"no built-in toy {name!r}; have {', '.join(TOYS)}")])
+    return TOYS[name]
+
+
+def _weights_path(name: str) -> Path:
+    return Path(__file__).parent / "assets" / f"{name}.npz"
+
+
+def pretrain_toy(toy: ToyConfig) -> tuple[dict[str, Any], float]:
+    """Reproduce the toy's shipped target weights (deterministic from ``pretrain_seed``)."""
+    return pretrain(
+        TMSTarget(config=toy.target),
+        seed=toy.pretrain_seed,
+        steps=toy.pretrain_steps,
+        batch_size=toy.pretrain_batch_size,
+        lr=toy.pretrain_lr,
+        feature_probability=toy.feature_probability,
+        mode=toy.mode,
+    )
+
+
+def save_weights(params: Any, path: Path) -> None:
+    flat = {"b_final": np.asarray(params["b_final"])}
+    flat.update({f"layers.{k}": np.asarray(v) for k, v in params["layers"].items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        np.savez(f, **flat)  # type: ignore[arg-type]
+
+
+def load_weights(path: Path) -> dict[str, Any]:
+    """Target params saved by :func:`save_weights` (the shipped toy weights)."""
+    with np.load(path) as f:
+        layers = {k.split(".", 1)[1]: f[k] for k in f.files if k.startswith("layers.")}
+        return {"layers": layers, "b_final": f["b_final"]}
+
+
+def toy_weights(name: str) -> dict[str, Any]:
+    """The shipped pretrained weights of the built-in toy ``name``."""
+    path = _weights_path(toy_config(name).name)
+    if not path.exists():
+        msg = f"toy weights {path} missing; run python -m pd_train.targets.toys pretrain {name}"
+        raise FileNotFoundError(msg)
+    return load_weights(path)
+
+
+def run_toy(
+    name: str, *, seed: int = 0, steps: int | None = None
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Decompose the built-in toy ``name`` from its shipped weights; returns the ground-truth
+    metrics (plus ``time_s``, ``steps_per_s``, final losses) and the one-hot CI per site."""
+    toy = toy_config(name)
+    pd = toy.pd if steps is None else attrs.evolve(toy.pd, steps=steps)
+    target = TMSTarget(config=toy.target)
+    weights = toy_weights(name)
+    last: dict[str, Any] = {}
+
+    def keep(i: int, metrics: dict[str, Any]) -> None:
+        del i
+        last.update(metrics)
+
+    start = time.perf_counter()
+    trainer, state = decompose(
+        target,
+        weights,
+        pd,
+        seed=seed,
+        feature_probability=toy.feature_probability,
+        mode=toy.mode,
+        on_step=keep,
+    )
+    jax.block_until_ready(state.params)
+    elapsed = time.perf_counter() - start
+    ci = one_hot_ci(trainer, state.params, weights, toy.target.n_features)
+    metrics = ground_truth_metrics(ci)
+    metrics.update({k: float(v) for k, v in last.items() if k.startswith("loss/")})
+    metrics["time_s"] = elapsed
+    metrics["steps_per_s"] = pd.steps / elapsed
+    return metrics, ci
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pd_train.targets.toys pretrain NAME [--out PATH]`` or ``run NAME [--seed N]
+    [--steps N]`` (prints the ground-truth metrics as JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m pd_train.targets.toys")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("pretrain", help="train a toy target; writes its weights (.npz)")
+    pre.add_argument("name", choices=sorted(TOYS))
+    pre.add_argument("--out", type=Path, default=None, help="default: the shipped weights' path")
+    run = sub.add_parser("run", help="decompose a toy target; prints ground-truth metrics")
+    run.add_argument("name", choices=sorted(TOYS))
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "pretrain":
+        toy = toy_config(args.name)
+        params, loss = pretrain_toy(toy)
+        out = args.out or _weights_path(toy.name)
+        save_weights(params, out)
+        print(f"{toy.name}: final loss {loss:.6g}; wrote {out}")
+        return 0
+    metrics, ci = run_toy(args.name, seed=args.seed, steps=args.steps)
+    for site, values in ci.items():
+        print(f"{site}: one-hot CI [features, alive components]")
+        print(np.array2string(values[:, values.max(axis=0) > 0.1], precision=2))
+    print(json.dumps(metrics, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
