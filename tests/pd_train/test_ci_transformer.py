@@ -340,3 +340,24 @@ def test_bad_ci_config_from_the_cli_writes_nothing(tmp_path, capsys, ci, message
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_production_configs_differ_only_in_the_ci_function() -> None:
+    """configs/llama8b-full32L.yaml runs the production chunkwise transformer; its shared_mlp
+    variant is the same config otherwise (so the two compare the CI function alone)."""
+    from pathlib import Path
+
+    from pd_train.run import prepare
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    prod = prepare(root / "llama8b-full32L.yaml", for_run=False)
+    variant = prepare(root / "llama8b-full32L-shared-mlp.yaml", for_run=False)
+    assert prod.config.pd.ci == ChunkwiseTransformerCI(
+        blocks_per_chunk=1, d_model=4096, n_blocks=4, n_heads=64, mlp_hidden=16384
+    )
+    assert variant.config.pd.ci.type == "shared_mlp"
+    a, b = dict(prod.raw), dict(variant.raw)
+    for raw in (a, b):
+        raw.pop("run_name")
+        raw["pd"] = {k: v for k, v in raw["pd"].items() if k != "ci"}
+    assert a == b
