@@ -21,6 +21,10 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ChunkwiseSubsetRecon": "pd_train.config",
+    "Census": "pd_train.flops",
+    "MFUMeter": "pd_train.flops",
+    "compiled_cost": "pd_train.flops",
+    "step_census": "pd_train.flops",
     "ChunkwiseTransformerCI": "pd_train.config",
     "GlobalTransformerCI": "pd_train.config",
     "VectorMLPCI": "pd_train.config",
@@ -52,6 +56,7 @@ _EXPORTS = {
 __all__ = [
     "GROUPS",
     "MLPCI",
+    "Census",
     "ChunkwiseSubsetRecon",
     "ChunkwiseTransformerCI",
     "Decomposition",
@@ -61,6 +66,7 @@ __all__ = [
     "GlobalTransformerCI",
     "ImportanceMinimality",
     "LlamaConfig",
+    "MFUMeter",
     "OptimizerConfig",
     "PDConfig",
     "PGDEval",
@@ -77,6 +83,8 @@ __all__ = [
     "VectorMLPCI",
     "__version__",
     "build_decomposition",
+    "compiled_cost",
+    "step_census",
     "step_key",
 ]
 
@@ -104,6 +112,7 @@ if TYPE_CHECKING:
         VectorMLPCI,
     )
     from pd_train.decomposition import Decomposition, build_decomposition
+    from pd_train.flops import Census, MFUMeter, compiled_cost, step_census
     from pd_train.models.llama_config import LlamaConfig
     from pd_train.step import GROUPS, Trainer, TrainState, step_key
 
