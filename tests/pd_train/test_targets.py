@@ -15,7 +15,7 @@ from pd_train.losses.recon import mse_clean_masked
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.targets import LlamaTarget, as_target
 from pd_train.targets.tms import TMSConfig, TMSTarget, sparse_features
-from pd_train.targets.toys import identity_ci_error, recovers_identity, toy_config
+from pd_train.targets.toys import identity_ci_error, permuted_ci, recovers_identity, toy_config
 
 TMS = TMSTarget(config=TMSConfig(n_features=5, n_hidden=2, n_hidden_layers=1))
 
@@ -116,3 +116,6 @@ def test_identity_metrics() -> None:
     leaky[0, 1] = 0.2
     assert not recovers_identity(leaky)
     assert identity_ci_error(leaky) == pytest.approx(0.2 / 3)
+    matrix, comps = permuted_ci(leaky)
+    assert comps == [4, 0, 2, 1]  # assigned components first (in feature order), then alive
+    np.testing.assert_array_equal(matrix[:, :3], np.eye(3))

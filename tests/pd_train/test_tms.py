@@ -3,6 +3,9 @@ matrix, asserted on the one-hot CI; with two seeds. And the shipped weights are 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import jax
 import numpy as np
 import pytest
 
@@ -13,6 +16,8 @@ from pd_train.targets.toys import (
     decompose,
     identity_ci_error,
     one_hot_ci,
+    plot_permuted_ci,
+    plot_tms_directions,
     pretrain_toy,
     toy_config,
     toy_weights,
@@ -28,7 +33,9 @@ def trainer() -> Trainer:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_tms_5_2_recovers_one_component_per_feature(trainer: Trainer, seed: int) -> None:
+def test_tms_5_2_recovers_one_component_per_feature(
+    trainer: Trainer, seed: int, tmp_path: Path
+) -> None:
     weights = toy_weights("tms_5_2")
     _, state = decompose(
         TARGET,
@@ -52,6 +59,13 @@ def test_tms_5_2_recovers_one_component_per_feature(trainer: Trainer, seed: int)
         others[np.arange(5), top] = 0.0
         assert (others <= 0.1).all(), f"{site}:\n{shown}"
         assert identity_ci_error(values) < 0.2
+    if seed == 0:  # the plots of a recovered decomposition
+        png = plot_permuted_ci(ci, tmp_path / "ci.png")
+        arrows = plot_tms_directions(
+            weights, jax.device_get(state.params["components"]), ci, tmp_path / "dirs.png"
+        )
+        for path in (png, arrows):
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_pretrain_reproduces_the_shipped_weights() -> None:

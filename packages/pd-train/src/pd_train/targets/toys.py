@@ -50,6 +50,9 @@ __all__ = [
     "identity_ci_error",
     "load_weights",
     "one_hot_ci",
+    "permuted_ci",
+    "plot_permuted_ci",
+    "plot_tms_directions",
     "pretrain_toy",
     "recovers_identity",
     "run_toy",
@@ -169,6 +172,76 @@ def decompose(
     return trainer, state
 
 
+def permuted_ci(ci: np.ndarray, threshold: float = 0.1) -> tuple[np.ndarray, list[int]]:
+    """ci [F, C] with its columns reordered: each feature's assigned component (the best
+    assignment of :func:`identity_ci_error`) on the diagonal, then the other alive components,
+    dead ones dropped. Returns the matrix and the component numbers of its columns."""
+    rows, cols = linear_sum_assignment(-ci)
+    order = [int(c) for _, c in sorted(zip(rows, cols, strict=True))]
+    alive = [int(c) for c in np.flatnonzero(ci.max(axis=0) > threshold) if c not in order]
+    keep = [c for c in order if ci[:, c].max() > threshold] + alive
+    return ci[:, keep], keep
+
+
+def plot_permuted_ci(ci_by_site: dict[str, np.ndarray], path: Path) -> Path:
+    """One PNG: per site, the permuted one-hot CI matrix (features × alive components)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4 * len(ci_by_site), 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(ci_by_site), squeeze=False)[0]
+    for ax, (site, ci) in zip(axes, ci_by_site.items(), strict=True):
+        matrix, comps = permuted_ci(ci)
+        image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="Blues", aspect="auto")
+        ax.set_title(f"{site}\nidentity-CI error {identity_ci_error(ci):.3f}", fontsize=9)
+        ax.set_xlabel("component (permuted)")
+        ax.set_ylabel("one-hot feature")
+        ax.set_xticks(range(len(comps)), [str(c) for c in comps], fontsize=6)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_tms_directions(
+    weights: Any, components: Any, ci_by_site: dict[str, np.ndarray], path: Path
+) -> Path:
+    """For a TMS target with 2 hidden dims: its feature directions (rows of W1) next to what each
+    alive ``linear1`` component writes for its top feature (V[i, c]·U[c]), one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    w1 = np.asarray(weights["layers"]["linear1"][0])
+    if w1.shape[1] != 2:
+        msg = f"feature directions are plotted for 2 hidden dims, not {w1.shape[1]}"
+        raise ValueError(msg)
+    v = np.asarray(components["linear1"]["V"][0])  # [F, C]
+    u = np.asarray(components["linear1"]["U"][0])  # [C, 2]
+    ci = ci_by_site["layers.0.linear1"]
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    lim = 1.2 * float(np.abs(w1).max())
+    for i, (x, y) in enumerate(w1):
+        left.arrow(0, 0, x, y, color=f"C{i % 10}", width=0.01 * lim, length_includes_head=True)
+        left.annotate(f"f{i}", (x, y))
+    left.set_title("target: feature directions (W1 rows)")
+    for c in np.flatnonzero(ci.max(axis=0) > 0.1):
+        i = int(ci[:, c].argmax())
+        x, y = v[i, c] * u[c]
+        right.arrow(0, 0, x, y, color=f"C{i % 10}", width=0.01 * lim, length_includes_head=True)
+        right.annotate(f"c{c} (f{i})", (x, y))
+    right.set_title("alive linear1 components: V[f, c]·U[c]")
+    for ax in (left, right):
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.set_aspect("equal")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
 # ---------------------------------------------------------------- built-in toy configs
 
 
@@ -269,10 +342,12 @@ def toy_weights(name: str) -> dict[str, Any]:
 
 
 def run_toy(
-    name: str, *, seed: int = 0, steps: int | None = None
+    name: str, *, seed: int = 0, steps: int | None = None, plots: Path | None = None
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Decompose the built-in toy ``name`` from its shipped weights; returns the ground-truth
-    metrics (plus ``time_s``, ``steps_per_s``, final losses) and the one-hot CI per site."""
+    metrics (plus ``time_s``, ``steps_per_s``, final losses) and the one-hot CI per site.
+    ``plots``: a directory for ``{name}_permuted_ci.png`` (and ``{name}_directions.png`` for a
+    TMS target with 2 hidden dims)."""
     toy = toy_config(name)
     pd = toy.pd if steps is None else attrs.evolve(toy.pd, steps=steps)
     target = TMSTarget(config=toy.target)
@@ -300,6 +375,11 @@ def run_toy(
     metrics.update({k: float(v) for k, v in last.items() if k.startswith("loss/")})
     metrics["time_s"] = elapsed
     metrics["steps_per_s"] = pd.steps / elapsed
+    if plots is not None:
+        plot_permuted_ci(ci, plots / f"{name}_permuted_ci.png")
+        if toy.target.n_hidden == 2:
+            comps = jax.device_get(state.params["components"])
+            plot_tms_directions(weights, comps, ci, plots / f"{name}_directions.png")
     return metrics, ci
 
 
@@ -315,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("name", choices=sorted(TOYS))
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=None)
+    run.add_argument("--plots", type=Path, default=None, help="write the PNG plots here")
     args = parser.parse_args(argv)
     if args.command == "pretrain":
         toy = toy_config(args.name)
@@ -323,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         save_weights(params, out)
         print(f"{toy.name}: final loss {loss:.6g}; wrote {out}")
         return 0
-    metrics, ci = run_toy(args.name, seed=args.seed, steps=args.steps)
+    metrics, ci = run_toy(args.name, seed=args.seed, steps=args.steps, plots=args.plots)
     for site, values in ci.items():
         print(f"{site}: one-hot CI [features, alive components]")
         print(np.array2string(values[:, values.max(axis=0) > 0.1], precision=2))
