@@ -102,7 +102,10 @@ def prepare(
             eval_path = attempt(lambda: _existing(eval_source, "data.eval_path", base))
     attempt(lambda: check_pd_config(config.pd))
     if model is not None:
-        attempt(lambda: build_decomposition(model, config.pd.decomposition_targets))
+        decomposition = attempt(lambda: build_decomposition(model, config.pd.decomposition_targets))
+        if decomposition is not None:
+            # CI checks that need the decomposition (transformer chunks) before any compile.
+            attempt(lambda: _check_ci_function(config, decomposition))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(model, checkpoint))
     problems.extend(_cadence_problems(config))
@@ -162,6 +165,37 @@ def directory_problem(path: Path, *, base: Path) -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"cannot create {str(path)!r}: {str(ancestor)!r} is not writable"
     return None
+
+
+def _check_ci_function(config: Config, decomposition: Any) -> None:
+    """The CI function's own checks against the decomposition (``pd.ci.*`` field paths)."""
+    from pd_train.ci import make_ci_function
+
+    make_ci_function(config.pd.ci, decomposition=decomposition).check(decomposition)
+
+
+def load_target(prepared: Prepared, *, shardings: Any, dtype: Any) -> Any:
+    """The frozen target's params, straight into ``shardings``: the checkpoint's weights
+    (safetensors, or GGUF by its magic bytes; ``target.strict`` applies to safetensors), or the
+    random weights of ``seed + 1`` for an architecture-only target."""
+    import jax
+
+    from pd_train.models import llama
+
+    config = prepared.config
+    if prepared.checkpoint is not None:
+        from pd_train.models.gguf import is_gguf, load_gguf_checkpoint
+        from pd_train.models.hf import load_llama_checkpoint
+
+        if is_gguf(prepared.checkpoint):
+            _, target = load_gguf_checkpoint(prepared.checkpoint, shardings=shardings, dtype=dtype)
+        else:
+            _, target = load_llama_checkpoint(
+                prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
+            )
+        return target
+    init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
+    return jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
 
 
 def _existing(value: str, where: str, base: Path | None) -> Path:
@@ -541,8 +575,6 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     from pd_train import flops
     from pd_train.checkpoints import Checkpoints
     from pd_train.data import Batches, TokenDataset
-    from pd_train.models import llama
-    from pd_train.models.hf import load_llama_checkpoint
     from pd_train.outputs import MetricsLog, Progress, read_metrics, render_summary, write_plots
     from pd_train.step import TrainState, step_key
 
@@ -583,16 +615,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         abstract_target = trainer.abstract_target(dtype)
         shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
         with recorder.phase("load_target"):
-            if prepared.checkpoint is not None:
-                from pd_train.models.gguf import is_gguf, load_gguf_checkpoint
-
-                load = (
-                    load_gguf_checkpoint if is_gguf(prepared.checkpoint) else load_llama_checkpoint
-                )
-                _, target = load(prepared.checkpoint, shardings=shardings, dtype=dtype)
-            else:
-                init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
-                target = jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
+            target = load_target(prepared, shardings=shardings, dtype=dtype)
 
         run_key = _replicated(trainer, jax.random.key(config.seed))
         # Init and eval keys are folded with numbers no step reaches (steps fold 0, 1, ...).

@@ -230,24 +230,14 @@ def _restore_params(directory: Path, step: int, abstract_params: Any) -> Any:
 
 
 def _load_target(prepared: Any, trainer: Any) -> Any:
-    """The frozen target, as :func:`pd_train.run.execute` loads it: the checkpoint's weights, or
-    the random weights of ``seed + 1`` for an architecture-only target."""
-    import functools
-
+    """The frozen target, as :func:`pd_train.run.execute` loads it (one loader for both)."""
     import jax
 
-    from pd_train.models import llama
-    from pd_train.models.hf import load_llama_checkpoint
-    from pd_train.run import _target_dtype
+    from pd_train.run import _target_dtype, load_target
 
-    config = prepared.config
-    dtype = _target_dtype(config)
+    dtype = _target_dtype(prepared.config)
     shardings = jax.tree.map(lambda a: a.sharding, trainer.abstract_target(dtype))
-    if prepared.checkpoint is not None:
-        _, target = load_llama_checkpoint(prepared.checkpoint, shardings=shardings, dtype=dtype)
-        return target
-    init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
-    return jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
+    return load_target(prepared, shardings=shardings, dtype=dtype)
 
 
 def build_table(
