@@ -14,6 +14,7 @@ scans and init) as a Llama target.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -125,13 +126,14 @@ def ground_truth_metrics(ci_by_site: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def decompose(
-    target: TMSTarget,
+    target: Any,
     target_params: Any,
     pd: PDConfig,
     *,
     seed: int,
     feature_probability: float,
     mode: DataMode = "at_least_zero_active",
+    data: Callable[..., jax.Array] | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     trainer: Trainer | None = None,
 ) -> tuple[Trainer, TrainState]:
@@ -141,6 +143,8 @@ def decompose(
     from ``fold_in(fold_in(run key, 1), i)`` and step ``i`` uses :func:`step_key` of
     ``fold_in(run key, 2)``. ``on_step(i, metrics)`` sees each step's (device) metrics.
     ``trainer``: reuse one built for the same target and ``pd`` (and its compiled step).
+    ``data(key=, batch_size=, n_features=, feature_probability=)``: the batch source (default
+    :func:`~pd_train.targets.tms.sparse_features` with ``mode``).
     """
     if trainer is None:
         trainer = Trainer(target, pd)
@@ -152,14 +156,15 @@ def decompose(
     data_key, train_key = jax.random.fold_in(run_key, 1), jax.random.fold_in(run_key, 2)
     n = target.config.n_features
 
+    draw = data or functools.partial(sparse_features, mode=mode)
+
     @jax.jit
     def batch(i: jax.Array) -> jax.Array:
-        return sparse_features(
+        return draw(
             key=jax.random.fold_in(data_key, i),
             batch_size=pd.batch_size,
             n_features=n,
             feature_probability=feature_probability,
-            mode=mode,
         )
 
     target_params = jax.tree_util.tree_map(jnp.asarray, target_params)

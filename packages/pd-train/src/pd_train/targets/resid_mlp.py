@@ -1,0 +1,175 @@
+"""The residual MLP toy: many ReLUs computed in superposition.
+
+A fixed random embedding E [n_features, d_embed] (unit-norm rows) writes the features into a
+residual stream; ``n_layers`` residual MLP layers ``h += ReLU(h @ W_in + b_in) @ W_out + b_out``
+follow; the output is read back with Eᵀ. The target is trained so that output feature i matches
+``x_i + ReLU(x_i)`` (the residual carries x_i, the MLPs must add ReLU(x_i)), with features in
+[-1, 1]. Kinds ``mlp_in`` [d_embed, d_mlp] and ``mlp_out`` [d_mlp, d_embed] repeat over the
+layers (sites ``layers.{i}.mlp_in`` / ``layers.{i}.mlp_out``), so the decomposition stacks them
+and the forwards scan the layers as for Llama. Output recon: MSE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pd_train.targets.base import Linear
+
+__all__ = ["ResidMLPConfig", "ResidMLPTarget", "pretrain_resid_mlp", "resid_mlp_features"]
+
+
+@attrs.frozen(kw_only=True)
+class ResidMLPConfig:
+    """A residual-MLP toy's shape."""
+
+    n_features: int
+    d_embed: int
+    d_mlp: int
+    n_layers: int = 1
+
+
+@attrs.frozen(kw_only=True)
+class ResidMLPTarget:
+    """The :class:`~pd_train.targets.Target` of a residual MLP. Params: ``{"embed": [F, d_embed],
+    "layers": {"mlp_in": [L, d_embed, d_mlp], "mlp_out": [L, d_mlp, d_embed], "b_in": [L,
+    d_mlp], "b_out": [L, d_embed]}}``."""
+
+    config: ResidMLPConfig
+
+    def __attrs_post_init__(self) -> None:
+        from pd_train._config_io import ConfigError
+
+        problems = []
+        for name in ("n_features", "d_embed", "d_mlp", "n_layers"):
+            value = getattr(self.config, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append((f"target.{name}", f"got {value!r}; must be a positive int"))
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("mlp_in", "mlp_out")
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def output_loss(self) -> Literal["kl", "mse"]:
+        return "mse"
+
+    def site_shapes(self) -> dict[str, tuple[int, int]]:
+        c = self.config
+        return {"mlp_in": (c.d_embed, c.d_mlp), "mlp_out": (c.d_mlp, c.d_embed)}
+
+    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
+        """Random unit-norm embedding rows, Kaiming-uniform MLP weights, zero biases."""
+        c = self.config
+        k_e, k_in, k_out = jax.random.split(key, 3)
+        embed = jax.random.normal(k_e, (c.n_features, c.d_embed))
+        embed = embed / jnp.linalg.norm(embed, axis=-1, keepdims=True)
+        b_in, b_out = 1.0 / c.d_embed**0.5, 1.0 / c.d_mlp**0.5
+        shape_in, shape_out = (c.n_layers, c.d_embed, c.d_mlp), (c.n_layers, c.d_mlp, c.d_embed)
+        layers = {
+            "mlp_in": jax.random.uniform(k_in, shape_in, minval=-b_in, maxval=b_in),
+            "mlp_out": jax.random.uniform(k_out, shape_out, minval=-b_out, maxval=b_out),
+            "b_in": jnp.zeros((c.n_layers, c.d_mlp)),
+            "b_out": jnp.zeros((c.n_layers, c.d_embed)),
+        }
+        tree = {"embed": embed, "layers": layers}
+        return jax.tree_util.tree_map(lambda a: a.astype(dtype), tree)
+
+    def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
+        return inputs.astype(dtype) @ params["embed"].astype(dtype), None
+
+    def layer(
+        self,
+        h: jax.Array,
+        layer_params: Mapping[str, jax.Array],
+        ctx: Any,
+        linear: Linear | None = None,
+    ) -> jax.Array:
+        del ctx
+
+        def plain(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+            del kind
+            return x @ w.astype(x.dtype)
+
+        lin = plain if linear is None else linear
+        hidden = jax.nn.relu(lin("mlp_in", h, layer_params["mlp_in"]) + layer_params["b_in"])
+        return h + lin("mlp_out", hidden, layer_params["mlp_out"]) + layer_params["b_out"]
+
+    def finish(self, params: Any, h: jax.Array) -> jax.Array:
+        return h @ params["embed"].T.astype(h.dtype)
+
+    def forward(self, params: Any, x: jax.Array) -> jax.Array:
+        """The plain model: x [..., n_features] -> out [..., n_features]."""
+        h, ctx = self.start(params, x, x.dtype)
+
+        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, None]:
+            return self.layer(h, layer, ctx), None
+
+        h, _ = jax.lax.scan(body, h, params["layers"])
+        return self.finish(params, h)
+
+
+def resid_mlp_features(
+    *, key: jax.Array, batch_size: int, n_features: int, feature_probability: float
+) -> jax.Array:
+    """[batch_size, 1, n_features]: each feature active with ``feature_probability``, value
+    U[-1, 1) (at least zero active)."""
+    k_on, k_val = jax.random.split(key)
+    values = jax.random.uniform(k_val, (batch_size, 1, n_features), minval=-1.0, maxval=1.0)
+    on = jax.random.uniform(k_on, (batch_size, 1, n_features)) < feature_probability
+    return jnp.where(on, values, 0.0)
+
+
+def pretrain_resid_mlp(
+    target: ResidMLPTarget,
+    *,
+    seed: int,
+    steps: int = 3000,
+    batch_size: int = 1024,
+    lr: float = 3e-3,
+    feature_probability: float = 0.01,
+) -> tuple[dict[str, Any], float]:
+    """Train the MLPs (the embedding stays fixed) on ``mean ‖out − (x + ReLU(x))‖²`` with Adam
+    and a cosine schedule, deterministic from ``seed``. Returns params (numpy) and final loss."""
+    init_key, data_key = jax.random.split(jax.random.key(seed))
+    full = target.init_params(key=init_key)
+    embed = full["embed"]
+    tx = optax.adam(optax.cosine_decay_schedule(lr, steps))
+    n = target.config.n_features
+
+    def loss_fn(layers: Any, x: jax.Array) -> jax.Array:
+        out = target.forward({"embed": embed, "layers": layers}, x)
+        return jnp.mean(jnp.square(out - (x + jax.nn.relu(x))))
+
+    @jax.jit
+    def run(layers: Any) -> tuple[Any, jax.Array]:
+        def step(carry: Any, i: jax.Array) -> tuple[Any, jax.Array]:
+            p, opt = carry
+            x = resid_mlp_features(
+                key=jax.random.fold_in(data_key, i),
+                batch_size=batch_size,
+                n_features=n,
+                feature_probability=feature_probability,
+            )
+            loss, grads = jax.value_and_grad(loss_fn)(p, x)
+            updates, opt = tx.update(grads, opt, p)
+            return (optax.apply_updates(p, updates), opt), loss
+
+        (p, _), losses = jax.lax.scan(step, (layers, tx.init(layers)), jnp.arange(steps))
+        return p, losses[-1]
+
+    layers, last = run(full["layers"])
+    params = jax.tree_util.tree_map(np.asarray, {"embed": embed, "layers": layers})
+    return params, float(last)
