@@ -9,7 +9,8 @@ ascents ``s ← clip(s + step_size·sign(∂KL/∂s), 0, 1)`` (a ``lax.fori_loop
 not grow with ``n_steps``) with the components and CI detached, and the loss is the KL of the
 final sources, which carry no gradient. Shapes per kind ``[n_k, B, T, C + 1]``
 (``unique_per_datapoint``) or ``[n_k, 1, 1, C + 1]`` (``shared_across_batch``). Random starts
-draw from the forward's source key folded with the kind's number in ``llama.KINDS``.
+draw from the forward's source key folded with a number derived from the kind's name (CRC-32),
+so any target's kinds get keys and adding a kind leaves the others' draws unchanged.
 
 **Persistent PGD** (:class:`PersistentPGD`, the ``persistent_pgd_recon`` term): sources per kind
 ``[n_k, B | 1, T, C + 1]`` (scope ``bsc`` | ``sc``) live in ``TrainState.adversary`` with their
@@ -23,6 +24,7 @@ gradient a second backward of the term alone would give, without running one.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,7 +35,6 @@ import jax.numpy as jnp
 import pd_init
 from pd_train.config import OptimizerConfig, PersistentPGDRecon, PGDEval, PGDRecon
 from pd_train.decomposition import Decomposition, site_name
-from pd_train.models import llama
 from pd_train.optim import lr_schedule
 
 __all__ = [
@@ -81,6 +82,11 @@ def adam_ascent(
     return new, {"count": count, "m": m, "v": v}
 
 
+def _name_number(name: str) -> int:
+    """A stable 31-bit number from a name, to fold into a key (keys from names, not positions)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
 @attrs.frozen(kw_only=True)
 class FreshPGD:
     """Fresh PGD settings (from a ``pgd_recon`` term or ``pd.eval_pgd``)."""
@@ -113,7 +119,7 @@ class FreshPGD:
             )
             shape = (ci.shape[0], *lead, ci.shape[-1] + 1)
             if self.init == "random":
-                kind_key = jax.random.fold_in(key, llama.KINDS.index(kind))
+                kind_key = jax.random.fold_in(key, _name_number(kind))
                 out[kind] = jax.random.uniform(kind_key, shape, jnp.float32)
             elif self.init == "ones":
                 out[kind] = jnp.ones(shape, jnp.float32)
