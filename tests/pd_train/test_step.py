@@ -148,6 +148,16 @@ def test_four_devices_match_one_device_through_the_aot_path() -> None:
             assert g[name] == pytest.approx(w[name], rel=1e-5, abs=1e-6), name
 
 
+def test_faithfulness_warmup_reports_each_step_as_it_finishes() -> None:
+    trainer = _trainer()
+    state = trainer.init_state(key=jax.random.key(1))
+    seen: list[tuple[int, float]] = []
+    _, losses = trainer.faithfulness_warmup(
+        state, _target(), steps=4, on_step=lambda i, v: seen.append((i, v))
+    )
+    assert seen == list(enumerate(losses))
+
+
 def test_faithfulness_warmup_reduces_faithfulness() -> None:
     trainer = _trainer()
     state = trainer.init_state(key=jax.random.key(1))

@@ -645,9 +645,15 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 state = trainer.init_state(key=init_key)
         if not resuming and config.pd.faithfulness_warmup.steps:
             with recorder.phase("faithfulness_warmup"):
-                state, warm = trainer.faithfulness_warmup(state, target)
-            for i, value in enumerate(warm):
-                metrics_log.log(i - len(warm), "warmup", {"loss/faithfulness": value})
+                n_warm = config.pd.faithfulness_warmup.steps
+                # Each warmup record is written as its step finishes, with its own time.
+                state, _ = trainer.faithfulness_warmup(
+                    state,
+                    target,
+                    on_step=lambda i, value: metrics_log.log(
+                        i - n_warm, "warmup", {"loss/faithfulness": value}
+                    ),
+                )
         # Fresh, warmed-up and restored states enter the step laid out alike (DESIGN decision 8).
         state = _canonical_state(trainer, state)
         run_key = _replicated(trainer, run_key)

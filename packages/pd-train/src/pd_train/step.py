@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -699,20 +699,29 @@ class Trainer:
         return self._warmup_step.lower(components, opt_state, self.abstract_target(target_dtype))
 
     def faithfulness_warmup(
-        self, state: TrainState, target: Any, *, steps: int | None = None
+        self,
+        state: TrainState,
+        target: Any,
+        *,
+        steps: int | None = None,
+        on_step: Callable[[int, float], None] | None = None,
     ) -> tuple[TrainState, list[float]]:
         """``pd.faithfulness_warmup.steps`` Adam steps (constant lr) on faithfulness alone,
         updating the components of ``state`` (donated); a small jit of its own. Returns the new
-        state and the faithfulness before each step."""
+        state and the faithfulness before each step. ``on_step(i, value)`` is called as each
+        step finishes (it waits for that step, so a record logged there carries its own time);
+        without it the steps are dispatched back to back."""
         steps = self.pd.faithfulness_warmup.steps if steps is None else steps
         if steps == 0:
             return state, []
         components = state.params["components"]
         opt_state = self._warmup_init(components)
         losses = []
-        for _ in range(steps):
+        for i in range(steps):
             components, opt_state, value = self._warmup_step(components, opt_state, target)
             losses.append(value)
+            if on_step is not None:
+                on_step(i, float(value))
         params = {**state.params, "components": components}
         return dataclasses.replace(state, params=params), [float(v) for v in losses]
 
