@@ -23,9 +23,9 @@ B, T, STEPS = 8, 8, 2
 def _setup() -> tuple[Any, Any]:
     """The tiny model and a cheap PD config with a bsc persistent-PGD term (Adam, 1 warmup)."""
     from pd_train.config import (
+        MLPCI,
         DecompositionTarget,
         Faithfulness,
-        MLPCI,
         OptimizerConfig,
         PDConfig,
         PersistentPGDRecon,
