@@ -4,6 +4,7 @@ Subcommands:
   config   print a config resolved with its defaults and overrides
   run      run (or resume) a decomposition
   compile  lower and compile every jit of a run on abstract inputs; print seconds and memory
+  pretrain train a built-in toy target (builtin:tms_5_2) deterministically; write its weights
   submit   submit a run to SLURM through pd-launch
   probe    compile probes of a config through pd-probe
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--process-per", choices=("node", "device"), default="node")
     _add_device_args(p)
 
+    p = sub.add_parser(
+        "pretrain", help="train a built-in toy target (builtin:tms_5_2); writes its weights"
+    )
+    p.add_argument("config", help="builtin:<toy> (e.g. builtin:tms_5_2)")
+    p.add_argument("--out", type=Path, help="default: overwrite the shipped weights' file")
+
     p = sub.add_parser("compile", help="AOT-compile every jit of a run on abstract inputs")
     _add_config_args(p, optional=True)
     p.add_argument("--record", type=Path, help="write per-jit compile records (JSON) here")
@@ -149,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": _config,
         "run": _run,
         "compile": _compile,
+        "pretrain": _pretrain,
         "submit": _submit,
         "probe": _probe,
         "analyze": _analyze,
@@ -214,6 +222,16 @@ def _run(args: argparse.Namespace) -> int:
                 f"`pd-train run {source} --run-dir {resume}`"
             )
     else:
+        from pd_train import toy_cli
+
+        if toy_cli.is_toy_config(args.config):  # builtin:tms_5_2: the toy runner, not run.py
+            if args.distributed != "none":
+                return _fail("a toy run is one process; leave --distributed out")
+            _, summary = toy_cli.run_toy_cli(
+                args.config, args.overrides, run_dir=args.run_dir, max_steps=args.max_steps
+            )
+            print(summary, end="")
+            return 0
         source = config_source(args.config)
     try:
         placement = resolve_placement(
@@ -253,6 +271,13 @@ def _compile(args: argparse.Namespace) -> int:
         config_source(args.config), args.overrides, record=args.record, progress=sys.stderr
     )
     print(format_compile_table(rows))
+    return 0
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from pd_train import toy_cli
+
+    print(toy_cli.pretrain_toy_cli(args.config, out=args.out))
     return 0
 
 

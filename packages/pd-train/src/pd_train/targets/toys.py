@@ -136,6 +136,7 @@ def decompose(
     data: Callable[..., jax.Array] | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     trainer: Trainer | None = None,
+    max_steps: int | None = None,
 ) -> tuple[Trainer, TrainState]:
     """``pd.steps`` train steps on batches [pd.batch_size, 1, n_features] of sparse features.
 
@@ -144,7 +145,8 @@ def decompose(
     ``fold_in(run key, 2)``. ``on_step(i, metrics)`` sees each step's (device) metrics.
     ``trainer``: reuse one built for the same target and ``pd`` (and its compiled step).
     ``data(key=, batch_size=, n_features=, feature_probability=)``: the batch source (default
-    :func:`~pd_train.targets.tms.sparse_features` with ``mode``).
+    :func:`~pd_train.targets.tms.sparse_features` with ``mode``). ``max_steps``: stop after
+    that many steps (the schedule stays that of ``pd.steps``).
     """
     if trainer is None:
         trainer = Trainer(target, pd)
@@ -168,7 +170,8 @@ def decompose(
         )
 
     target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
-    for i in range(pd.steps):
+    n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
+    for i in range(n_steps):
         state, metrics = trainer.train_step(
             state, target_params, batch(jnp.int32(i)), step_key(train_key, i)
         )

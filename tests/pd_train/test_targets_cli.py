@@ -1,0 +1,81 @@
+"""``pd-train run builtin:tms_5_2`` / ``pd-train pretrain``: the toy runner behind the pd-train CLI
+(a few steps only; recovery itself is asserted in test_tms.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pd_train.cli import main
+from pd_train.toy_cli import is_toy_config, load_toy_config
+
+
+def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["run", "builtin:tms_5_2", "--run-dir", str(run_dir), "--max-steps", "3"]
+    code = main(
+        [*argv, "--set", "pd.steps=50", "--set", "pd.batch_size=32", "--set", "log_every=2"]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 2, 2]  # loss records every 2 steps + the last
+    assert all("loss/total" in r for r in records[:2])
+    final = records[-1]
+    assert final["eval"] is True
+    for site in ("layers.0.linear1", "layers.0.linear2"):
+        assert 0 <= final[f"gt/alive/{site}"] <= 20
+        assert final[f"gt/identity_ci_error/{site}"] >= 0.0
+        assert final[f"gt/recovered/{site}"] in (0.0, 1.0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert len(summary["one_hot_ci"]["layers.0.linear1"]) == 5  # one row per feature
+    assert "identity-CI error" in (run_dir / "summary.txt").read_text()
+    for png in ("tms_5_2_permuted_ci.png", "tms_5_2_directions.png"):
+        assert (run_dir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    # The run dir's config.yaml is itself a toy config (run again as a file).
+    saved = run_dir / "config.yaml"
+    assert is_toy_config(str(saved))
+    assert load_toy_config(str(saved)) == yaml.safe_load(saved.read_text())
+    assert load_toy_config(str(saved))["pd"] == {"steps": 50, "batch_size": 32}
+    # A non-empty run dir is refused (exit 2), the run left as it was.
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert main(argv) == 2
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "overrides", "field"),
+    [
+        ("toy: tms_5_2\ntarget: {type: resnet}\n", [], "target.type"),
+        ("toy: tms_5_2\n", ["target.n_features=7"], "target.n_features"),
+        ("toy: tms_5_2\n", ["pd.lr=0.1"], "pd.lr"),
+        ("toy: tms_5_2\n", ["pd.steps=0"], "pd.steps"),
+        ("toy: tms_5_2\nsteps: 3\n", [], "steps"),
+        ("toy: tms_9_9\n", [], "toy"),
+    ],
+)
+def test_bad_toy_configs_name_the_field(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    yaml_text: str,
+    overrides: list[str],
+    field: str,
+) -> None:
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml_text)
+    run_dir = tmp_path / "run"
+    argv = ["run", str(config), "--run-dir", str(run_dir)]
+    for o in overrides:
+        argv += ["--set", o]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"  {field}: " in err
+    assert not run_dir.exists()  # nothing written
+
+
+def test_pretrain_refuses_a_non_toy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pretrain", "builtin:default"]) == 2
+    assert "no built-in toy 'default'" in capsys.readouterr().err
