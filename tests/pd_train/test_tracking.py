@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +97,107 @@ def test_track_without_settings_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["track", str(tmp_path), "--project", "p", "--mode", "loud"]) == 2
     assert "tracking.wandb.mode: got 'loud'" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_run_config_tracking_errors_name_the_field() -> None:
+    from pd_train.run_config import load_config
+
+    from ._analysis_runs import CONFIG
+
+    bad = {**CONFIG, "tracking": {"wandb": {"project": "", "mode": "loud"}}}
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert [p for p, _ in info.value.problems] == [
+        "tracking.wandb.project",
+        "tracking.wandb.mode",
+    ]
+    config, _ = load_config({**CONFIG, "tracking": {"wandb": {"project": "p", "mode": "offline"}}})
+    assert config.tracking == {"wandb": {"project": "p", "mode": "offline"}}
+    assert load_config(CONFIG)[0].tracking is None
+
+
+def _wandb_records(path: Path) -> Iterator[Any]:
+    """The protobuf records of an offline ``run-ID.wandb`` file: a 7-byte header, then
+    LevelDB-log framing (32 KiB blocks; chunks with a 7-byte header of crc, length, type:
+    1 full, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2 as pb  # type: ignore[import-not-found,unused-ignore]
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block  # block padding
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def _offline_summary(run_dir: Path, run_id: str) -> tuple[int, dict[str, Any]]:
+    """(number of offline attempts, the summary of the W&B run ``run_id`` over all of them)."""
+    attempts = sorted((run_dir / "tracking" / "wandb").glob(f"offline-run-*-{run_id}"))
+    summary: dict[str, Any] = {}
+    for attempt in attempts:
+        for record in _wandb_records(attempt / f"run-{run_id}.wandb"):
+            if record.WhichOneof("record_type") != "summary":
+                continue
+            for item in record.summary.update:
+                key = item.key or "/".join(item.nested_key)
+                summary[key] = json.loads(item.value_json)
+    return len(attempts), summary
+
+
+@pytest.mark.slow
+def test_run_with_offline_tracking_logs_metrics_and_a_resume_continues_the_run(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3-step ``pd-train run`` with ``tracking: {wandb: {mode: offline}}``: stopped after 2
+    steps, then resumed; the same W&B run continues and its summary is metrics.jsonl's last
+    value of every tracked key."""
+    pytest.importorskip("wandb")
+    import yaml
+
+    from ._analysis_runs import CONFIG, _pd_train
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = {
+        **CONFIG,
+        "output_dir": str(tmp_path / "out"),
+        "pd": {**CONFIG["pd"], "steps": 3},  # type: ignore[dict-item]
+        "cadence": {"train_log_every": 1, "eval_every": 3, "save_every": 2},
+        "runtime": {
+            "compile_cache": {"dir": str(tmp_path_factory.getbasetemp() / "tracking-cache")},
+            "compiler_options": {"xla_backend_optimization_level": 0},
+        },
+        "tracking": {"wandb": {"project": "pd-test", "mode": "offline", "tags": ["ci"]}},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    _pd_train("run", str(tmp_path / "config.yaml"), "--run-dir", str(run_dir), "--max-steps", "2")
+    state = json.loads((run_dir / "tracking" / "wandb.json").read_text())
+    assert state["last_step"] == 1
+    run_id = state["run_id"]
+    n, first = _offline_summary(run_dir, run_id)
+    assert n == 1
+    assert first["train/loss/total"] == pytest.approx(
+        [r for r in read_metrics(run_dir) if r["phase"] == "train"][-1]["loss/total"]
+    )
+
+    _pd_train("run", "--resume", str(run_dir))
+    state = json.loads((run_dir / "tracking" / "wandb.json").read_text())
+    assert (state["run_id"], state["last_step"]) == (run_id, 2)
+    n, summary = _offline_summary(run_dir, run_id)
+    assert n == 2
+    expected = _last_values(run_dir)
+    assert {"train/loss/total", "eval/ce_clean"} <= set(expected)
+    tracked = {k: v for k, v in summary.items() if k in expected}
+    assert tracked == pytest.approx(expected)
+    assert summary["warmup/loss/faithfulness"] == pytest.approx(
+        [r for r in read_metrics(run_dir) if r["phase"] == "warmup"][-1]["loss/faithfulness"]
+    )

@@ -643,6 +643,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 metrics_log.truncate_from(start_step)
             else:
                 state = trainer.init_state(key=init_key)
+        tracker = _tracker(config, run_dir) if primary else None
         if not resuming and config.pd.faithfulness_warmup.steps:
             with recorder.phase("faithfulness_warmup"):
                 n_warm = config.pd.faithfulness_warmup.steps
@@ -744,6 +745,8 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                     record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
                 evaluated = True
                 metrics_log.log(done, "eval", record)
+            if tracker is not None:
+                tracker.sync()  # the records just written to metrics.jsonl
             if config.cadence.save_every and step % config.cadence.save_every == 0:
                 save(step)
             if _agreed(stop.requested, placement) and step < steps:
@@ -760,6 +763,8 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     summary = ""
     if primary:
         metrics_log.close()
+        if tracker is not None:
+            tracker.close()
         records = read_metrics(run_dir)
         write_plots(records, run_dir / "plots")
         summary = render_summary(
@@ -782,6 +787,17 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         summary=summary,
         stop_signal=stop.stop_signal if stopped_early else None,
     )
+
+
+def _tracker(config: Config, run_dir: Path) -> Any:
+    """The run's W&B tracker (``tracking:`` in the config; process 0 only), or None."""
+    if config.tracking is None:
+        return None
+    import attrs
+
+    from pd_train.analysis.tracking import WandbTracker, parse_tracking
+
+    return WandbTracker(run_dir, parse_tracking(config.tracking), run_config=attrs.asdict(config))
 
 
 def _replicated(trainer: Any, key: Any) -> Any:

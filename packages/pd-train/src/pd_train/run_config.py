@@ -86,6 +86,10 @@ class Config:
     cadence: CadenceConfig = attrs.field(factory=CadenceConfig)
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     launch: LaunchConfig = attrs.field(factory=LaunchConfig)
+    #: Optional experiment tracking, ``{wandb: {project, entity, mode, tags}}`` (checked by
+    #: :func:`pd_train.analysis.tracking.parse_tracking`); ``pd-train run`` mirrors its
+    #: metrics.jsonl into it on process 0. Null: no tracking.
+    tracking: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +213,13 @@ def load_config(
     if not _RUN_NAME.match(config.run_name):
         msg = f"got {config.run_name!r}; use letters, digits, '.', '_' and '-' (a directory name)"
         problems.append(("run_name", msg))
+    if config.tracking is not None:
+        from pd_train.analysis.tracking import parse_tracking
+
+        try:
+            parse_tracking(config.tracking)
+        except ConfigError as exc:
+            problems += exc.problems
     if problems:
         raise ConfigError(problems, source=where)
     return config, raw

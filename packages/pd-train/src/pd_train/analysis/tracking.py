@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["SyncResult", "WandbConfig", "parse_tracking", "sync_wandb"]
+__all__ = ["SyncResult", "WandbConfig", "WandbTracker", "parse_tracking", "sync_wandb"]
 
 MODES = ("online", "offline", "disabled")
 STATE_FILE = "wandb.json"
@@ -126,49 +126,115 @@ def history(
     return steps, warmup
 
 
+class WandbTracker:
+    """A W&B run that follows ``RUN_DIR/metrics.jsonl`` while it is written (``pd-train run``
+    with a ``tracking:`` section, on process 0 only) or after the fact (:func:`sync_wandb`).
+
+    :meth:`sync` reads the lines appended since the last call and logs every step older than
+    the newest step seen (its eval record may still follow); :meth:`close` logs the rest, sets
+    the warmup summary, finishes the W&B run and keeps its id and last step in
+    ``RUN_DIR/tracking/wandb.json``, so a resumed run continues the same W&B run. Steps at or
+    before the last step already logged (a resume re-runs the steps after its checkpoint) are
+    not logged again. ``mode: disabled`` opens nothing and logs nothing.
+    """
+
+    def __init__(self, run_dir: str | Path, config: WandbConfig, *, run_config: Any = None):
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.logged = 0
+        self._offset = 0
+        self._pending: dict[int, dict[str, float]] = {}
+        self._warmup: dict[str, float] = {}
+        self._run: Any = None
+        self._state_path = self.run_dir / TRACKING_DIR / STATE_FILE
+        state = json.loads(self._state_path.read_text()) if self._state_path.is_file() else {}
+        self.last_step: int | None = state.get("last_step")
+        if config.mode == "disabled":
+            return
+        import wandb  # type: ignore[import-not-found,unused-ignore]  # the optional extra
+
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            mode=cast(Any, config.mode),  # one of MODES, checked by parse_tracking
+            tags=list(config.tags),
+            id=state.get("run_id"),  # None the first time: W&B assigns one, kept below
+            resume="allow",
+            dir=str(self._state_path.parent),
+            name=self.run_dir.name,
+            config=run_config,
+        )
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self._run is None else str(self._run.id)
+
+    def _read_new(self) -> None:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        with path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # complete lines only; a line being written waits
+        self._offset += end
+        records = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        steps, warmup = history(records)
+        self._warmup.update(warmup)
+        for step, values in steps.items():
+            self._pending.setdefault(step, {}).update(values)
+
+    def _log_until(self, limit: int | None) -> None:
+        for step in sorted(self._pending):
+            if limit is not None and step >= limit:
+                break
+            values = self._pending.pop(step)
+            if self.last_step is not None and step <= self.last_step:
+                continue
+            self._run.log(values, step=step, commit=True)
+            self.last_step = step
+            self.logged += 1
+
+    def _write_state(self) -> None:
+        tmp = self._state_path.with_name(f".{STATE_FILE}.tmp")
+        state = {"run_id": self.run_id, "project": self.config.project, "last_step": self.last_step}
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self._state_path)
+
+    def sync(self) -> None:
+        """Log the records written since the last call, all but the newest step's."""
+        if self._run is None:
+            return
+        self._read_new()
+        if self._pending:
+            self._log_until(max(self._pending))
+            self._write_state()
+
+    def close(self) -> dict[str, Any]:
+        """Log everything left, finish the W&B run, keep its id; returns its summary."""
+        if self._run is None:
+            return {}
+        try:
+            self._read_new()
+            self._log_until(None)
+            for key, value in self._warmup.items():
+                self._run.summary[key] = value
+            summary = {k: self._run.summary[k] for k in self._run.summary.keys()}  # noqa: SIM118
+        finally:
+            self._run.finish()
+        self._write_state()
+        self._run = None
+        return summary
+
+
 def sync_wandb(run_dir: str | Path, config: WandbConfig, *, run_config: Any = None) -> SyncResult:
     """Log ``run_dir``'s records after the last synced step to its W&B run (see the module
     docstring); returns the run id, the number of steps logged now, the last step and the W&B
     run's summary."""
-    from pd_train.outputs import read_metrics
-
-    run_dir = Path(run_dir)
-    steps, warmup = history(read_metrics(run_dir))
-    if config.mode == "disabled":
-        return SyncResult(run_id=None, logged_steps=0, last_step=None, summary={})
-    import wandb  # type: ignore[import-not-found,unused-ignore]  # the optional extra
-
-    directory = run_dir / TRACKING_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    state_path = directory / STATE_FILE
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    run_id = state.get("run_id")  # None the first time: W&B assigns one, kept below
-    last = state.get("last_step")
-    run = wandb.init(
-        project=config.project,
-        entity=config.entity,
-        mode=cast(Any, config.mode),  # one of MODES, checked by parse_tracking
-        tags=list(config.tags),
-        id=run_id,
-        resume="allow",
-        dir=str(directory),
-        name=run_dir.name,
-        config=run_config,
+    tracker = WandbTracker(run_dir, config, run_config=run_config)
+    run_id = tracker.run_id
+    summary = tracker.close()
+    return SyncResult(
+        run_id=run_id, logged_steps=tracker.logged, last_step=tracker.last_step, summary=summary
     )
-    logged = 0
-    try:
-        for step in sorted(steps):
-            if last is not None and step <= last:
-                continue
-            run.log(steps[step], step=step, commit=True)
-            last = step
-            logged += 1
-        for key, value in warmup.items():
-            run.summary[key] = value
-        summary = {k: run.summary[k] for k in run.summary.keys()}  # noqa: SIM118
-    finally:
-        run.finish()
-    tmp = state_path.with_name(f".{STATE_FILE}.tmp")
-    tmp.write_text(json.dumps({"run_id": run.id, "project": config.project, "last_step": last}))
-    os.replace(tmp, state_path)
-    return SyncResult(run_id=run.id, logged_steps=logged, last_step=last, summary=summary)
