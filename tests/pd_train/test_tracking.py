@@ -1,4 +1,5 @@
-"""``pd-train track``: a run's metrics.jsonl mirrored into a W&B run, offline (no network)."""
+"""``pd-train track`` and ``pd-train run`` with ``tracking:``: a run's metrics.jsonl mirrored
+into a W&B run, offline (no network)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ scalar of every train and eval record (``train/<key>``, ``eval/<key>``; eval key
 starting with ``eval/`` keep their name) at the record's step, so every tracked value comes from
 the file. Non-scalar entries (CI histograms, per-component density vectors) stay in the file and
 the report; warmup records (negative steps) go into the W&B summary only, as
-``warmup/<key>``. Only the calling process logs (``pd-train track`` is one process).
+``warmup/<key>``. Only the calling process logs: ``pd-train run`` with a ``tracking:``
+section runs a :class:`WandbTracker` on process 0 that follows the file as it is written;
+``pd-train track`` (:func:`sync_wandb`) is one process that syncs after the fact.
 
 The W&B run id is kept in ``RUN_DIR/tracking/wandb.json`` with the last step logged: syncing
 again after the run went on (or was resumed) continues the same W&B run (``resume="allow"``)
