@@ -79,3 +79,10 @@ def test_bad_toy_configs_name_the_field(
 def test_pretrain_refuses_a_non_toy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pretrain", "builtin:default"]) == 2
     assert "no built-in toy 'default'" in capsys.readouterr().err
+
+
+def test_pretrain_check_takes_no_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "w.npz"
+    assert main(["pretrain", "builtin:tms_5_2", "--check", "--out", str(out)]) == 2
+    assert "--check writes nothing" in capsys.readouterr().err
+    assert not out.exists()

@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("config", help="builtin:<toy> (e.g. builtin:tms_5_2)")
     p.add_argument("--out", type=Path, help="default: overwrite the shipped weights' file")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 unless the result equals the shipped weights",
+    )
 
     p = sub.add_parser("compile", help="AOT-compile every jit of a run on abstract inputs")
     _add_config_args(p, optional=True)
@@ -277,8 +282,11 @@ def _compile(args: argparse.Namespace) -> int:
 def _pretrain(args: argparse.Namespace) -> int:
     from pd_train import toy_cli
 
-    print(toy_cli.pretrain_toy_cli(args.config, out=args.out))
-    return 0
+    if args.check and args.out is not None:
+        return _fail("--check writes nothing; leave --out out")
+    text, same = toy_cli.pretrain_toy_cli(args.config, out=args.out, check=args.check)
+    print(text)
+    return 1 if args.check and not same else 0
 
 
 def _submit(args: argparse.Namespace) -> int:

@@ -263,9 +263,13 @@ def run_toy_cli(
     return run_dir, text
 
 
-def pretrain_toy_cli(value: str, *, out: Path | None = None) -> str:
+def pretrain_toy_cli(
+    value: str, *, out: Path | None = None, check: bool = False
+) -> tuple[str, bool]:
     """Pretrain the toy ``builtin:<name>`` (deterministic from its pretrain seed); write its
-    weights to ``out`` (default: the shipped file) and say whether they equal the shipped ones."""
+    weights to ``out`` (default: the shipped file; ``check``: write nothing) and say whether
+    they equal the shipped ones. Returns the message and whether they are identical (True when
+    nothing is shipped yet)."""
     import numpy as np
 
     from pd_train._config_io import ConfigError
@@ -286,14 +290,21 @@ def pretrain_toy_cli(value: str, *, out: Path | None = None) -> str:
     toy = toy_config(name)
     shipped_path = _weights_path(name)
     shipped = load_weights(shipped_path) if shipped_path.exists() else None
+    if check and shipped is None:
+        raise ConfigError([("--check", f"no shipped weights for {name} at {shipped_path}")])
     params, loss = pretrain_toy(toy)
-    target = out or shipped_path
-    save_weights(params, target)
-    text = f"{name}: final loss {loss:.6g}; wrote {target}"
+    text = f"{name}: final loss {loss:.6g}"
+    same = True
     if shipped is not None:
-        written = load_weights(target)
-        same = all(
-            np.array_equal(written["layers"][k], shipped["layers"][k]) for k in shipped["layers"]
-        ) and np.array_equal(written["b_final"], shipped["b_final"])
-        text += "; identical to the shipped weights" if same else "; DIFFERS from the shipped"
-    return text
+        new = {"b_final": np.asarray(params["b_final"])}
+        new.update({f"layers.{k}": np.asarray(v) for k, v in params["layers"].items()})
+        old = {"b_final": shipped["b_final"]}
+        old.update({f"layers.{k}": v for k, v in shipped["layers"].items()})
+        same = new.keys() == old.keys() and all(np.array_equal(new[k], old[k]) for k in old)
+        verdict = "identical to" if same else "DIFFERENT from"
+        text += f"; {verdict} the shipped weights ({shipped_path.name})"
+    if not check:
+        target = out or shipped_path
+        save_weights(params, target)
+        text += f"; wrote {target}"
+    return text, same
