@@ -148,11 +148,11 @@ def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, 
         )
         problems.append((f"{path}.n_heads", msg))
     if ci.n_kv_heads is not None and ci.n_heads % ci.n_kv_heads:
-        msg = f"got {ci.n_kv_heads}; must divide n_heads {ci.n_heads} (each K/V head serves a group)"
+        msg = (
+            f"got {ci.n_kv_heads}; must divide n_heads {ci.n_heads} (each K/V head serves a group)"
+        )
         problems.append((f"{path}.n_kv_heads", msg))
     return problems
-
-
 
 
 @attrs.frozen(kw_only=True)
