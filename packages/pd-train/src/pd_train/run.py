@@ -804,8 +804,16 @@ def _replicated(trainer: Any, key: Any) -> Any:
     """``key`` committed to the mesh, replicated: a fresh key and one restored from a checkpoint
     then give the step (and the ``fold_in`` before it) the same argument sharding."""
     import jax
+    import numpy as np
 
-    return key if trainer.layout is None else jax.device_put(key, trainer.layout.replicated())
+    if trainer.layout is None:
+        return key
+    # device_put refuses a typed key onto devices of other processes; its data (the same on
+    # every process, or already a global array) goes anywhere.
+    data = jax.random.key_data(key)
+    if data.is_fully_addressable:
+        data = np.asarray(data)
+    return jax.random.wrap_key_data(jax.device_put(data, trainer.layout.replicated()))
 
 
 def _canonical_state(trainer: Any, state: Any) -> Any:
