@@ -811,9 +811,8 @@ def _replicated(trainer: Any, key: Any) -> Any:
     # device_put refuses a typed key onto devices of other processes; its data (the same on
     # every process, or already a global array) goes anywhere.
     data = jax.random.key_data(key)
-    if data.is_fully_addressable:
-        data = np.asarray(data)
-    return jax.random.wrap_key_data(jax.device_put(data, trainer.layout.replicated()))
+    source: Any = np.asarray(data) if data.is_fully_addressable else data
+    return jax.random.wrap_key_data(jax.device_put(source, trainer.layout.replicated()))
 
 
 def _canonical_state(trainer: Any, state: Any) -> Any:
