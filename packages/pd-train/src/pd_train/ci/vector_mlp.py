@@ -9,8 +9,8 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-import pd_init
-from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun
+from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu
+from pd_train.ci.mlp import component_mlp_rest, component_mlp_specs
 from pd_train.decomposition import KindLayout
 
 __all__ = ["VectorMLPCIFunction"]
@@ -29,27 +29,15 @@ class VectorMLPCIFunction(SiteCIFunction):
     remat: bool = False
 
     def param_specs(self, layout: KindLayout) -> dict[str, ParamSpec]:
-        c, dims = layout.C, self.hidden_dims
-        specs = {
-            "w0": ParamSpec(shape=(c, layout.d_in, dims[0]), init=he(layout.d_in)),
-            "b0": ParamSpec(shape=(c, dims[0]), init=pd_init.Zeros()),
-        }
-        for i in range(1, len(dims)):
-            specs[f"w{i}"] = ParamSpec(shape=(c, dims[i - 1], dims[i]), init=he(dims[i - 1]))
-            specs[f"b{i}"] = ParamSpec(shape=(c, dims[i]), init=pd_init.Zeros())
-        specs["w_out"] = ParamSpec(shape=(c, dims[-1]), init=lecun(dims[-1]))
-        specs["b_out"] = ParamSpec(shape=(c,), init=pd_init.Zeros())
-        return specs
+        return component_mlp_specs(
+            layout.C, self.hidden_dims, w0_in=(layout.d_in,), w0_fan_in=layout.d_in
+        )
 
     def site_apply(self, params: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
         """x [B, T, d_in] -> CI pre-activations [B, T, C] (fp32)."""
         dt = x.dtype
         h = gelu(jnp.einsum("btd,cdh->btch", x, params["w0"].astype(dt)) + params["b0"].astype(dt))
-        for i in range(1, len(self.hidden_dims)):
-            w, b = params[f"w{i}"].astype(dt), params[f"b{i}"].astype(dt)
-            h = gelu(jnp.einsum("btch,chk->btck", h, w) + b)
-        out = jnp.einsum("btch,ch->btc", h, params["w_out"].astype(dt))
-        return out.astype(jnp.float32) + params["b_out"]
+        return component_mlp_rest(params, h, len(self.hidden_dims))
 
     def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
         del V

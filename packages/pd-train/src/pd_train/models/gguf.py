@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._config_io import FieldValueError
-from pd_train.models.hf import CheckpointError, llama_param_shapes
+from pd_train.models.hf import CheckpointError, _normalize, llama_param_shapes
 from pd_train.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
@@ -295,18 +295,6 @@ def _check_readable(file: str, tensor: Any, want: tuple[int, ...]) -> None:
     except Exception as e:
         msg = f"checkpoint: tensor {tensor.name!r} in {file} is unreadable ({type(e).__name__}: {e}); is the file truncated?"
         raise CheckpointError(msg) from e
-
-
-def _normalize(index: Index | None, shape: tuple[int, ...]) -> Index:
-    index = index if index is not None else (slice(None),) * len(shape)
-    out = []
-    for s, n in zip(index, shape, strict=True):
-        start, stop, step = s.indices(n)
-        if step != 1:
-            msg = f"internal: strided shard index {s} is not supported"
-            raise CheckpointError(msg)
-        out.append(slice(start, stop))
-    return tuple(out)
 
 
 def _reader(

@@ -478,8 +478,10 @@ class _Checkpoint:
             raise CheckpointError(msg) from e
 
 
-def _normalize(index: Index, shape: tuple[int, ...]) -> Index:
-    """Concrete ``slice(start, stop)`` per dimension (JAX gives ``slice(None)`` for whole dims)."""
+def _normalize(index: Index | None, shape: tuple[int, ...]) -> Index:
+    """Concrete ``slice(start, stop)`` per dimension (JAX gives ``slice(None)`` for whole dims,
+    and None for an unsharded array); the GGUF loader shares it."""
+    index = index if index is not None else (slice(None),) * len(shape)
     out = []
     for s, n in zip(index, shape, strict=True):
         start, stop, step = s.indices(n)
@@ -509,7 +511,7 @@ def _reader(
         return np.ascontiguousarray(part, dtype=dtype)
 
     def callback(index: Index | None) -> np.ndarray:
-        index = _normalize(index if index is not None else (slice(None),) * len(shape), shape)
+        index = _normalize(index, shape)
         memo = tuple((s.start, s.stop) for s in index)
         if memo in cache:  # partially replicated shardings ask for one slice several times
             return cache[memo]
