@@ -55,11 +55,8 @@ def _history(name: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["chunkwise_transformer", "vector_mlp"])
+@pytest.mark.parametrize("name", ["chunkwise_transformer", "global_transformer", "vector_mlp"])
 def test_a_tiny_llama_decomposes_with_each_new_ci_function(name: str) -> None:
-    """global_transformer is the chunkwise code with one chunk (test_ci_transformer checks its
-    values against the reference loop); left out here to keep the suite's time down — add it to
-    the list to train it too (it passes: ~30 CPU s)."""
     history = _history(name)
     start, end = history[:5], history[-20:]
     assert end[-1]["loss/faithfulness"] < 1e-3
