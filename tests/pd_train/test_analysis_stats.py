@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pd_sharding
+from pd_train._config_io import ConfigError
 from pd_train.analysis import (
     EvalComponentStats,
     component_counts,
@@ -23,6 +24,7 @@ from pd_train.analysis import (
     init_harvest_state,
     l0_groups,
     load_vocabulary,
+    resolve_l0_groups,
 )
 from pd_train.config import DecompositionTarget
 from pd_train.decomposition import build_decomposition
@@ -172,6 +174,44 @@ def test_eval_component_stats_record_by_hand() -> None:
     assert record["l0_group/kind.q_proj"] == pytest.approx(8 / 3)
     assert record["l0_group/kind.down_proj"] == pytest.approx(1.0)
     assert record["l0_group/total"] == pytest.approx(11 / 3)
+
+
+def test_configured_l0_groups_match_site_patterns() -> None:
+    """``pd.l0_groups``: members in canonical order, overlapping patterns counted once; the
+    record has exactly the configured groups; None keeps the defaults."""
+    groups = resolve_l0_groups(
+        {"attn": ["layers.*.self_attn.*"], "late": ["layers.1.*", "layers.1.mlp.down_proj"]},
+        DEC.sites,
+    )
+    assert groups == {
+        "attn": ["layers.0.self_attn.q_proj", "layers.1.self_attn.q_proj"],
+        "late": ["layers.1.self_attn.q_proj", "layers.1.mlp.down_proj"],
+    }
+    assert resolve_l0_groups(None, DEC.sites) == l0_groups(DEC.sites)
+    stats = EvalComponentStats(DEC, {"late": ["layers.1.*"]})
+    stats.add(
+        {
+            "active": {"q_proj": np.array([[1, 0, 0], [2, 1, 0]]), "down_proj": np.ones((1, 5))},
+            "ci_sum": {"q_proj": np.zeros((2, 3)), "down_proj": np.zeros((1, 5))},
+        },
+        n_tokens=2,
+    )
+    record = stats.record()
+    assert [k for k in record if k.startswith("l0_group/")] == ["l0_group/late"]
+    assert record["l0_group/late"] == pytest.approx(1.5 + 2.5)
+
+
+def test_configured_l0_groups_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_l0_groups(
+            {"mlp": ["layers.*.mlp.up_proj", "layers.1.mlp.*"], "a/b": ["*"], "none": []},
+            DEC.sites,
+        )
+    text = str(info.value)
+    assert "pd.l0_groups.mlp[0]: 'layers.*.mlp.up_proj' matches no decomposed site" in text
+    assert "pd.l0_groups.mlp[1]" not in text  # that one matches layers.1.mlp.down_proj
+    assert "pd.l0_groups.a/b: group name 'a/b'" in text
+    assert "pd.l0_groups.none: is empty" in text
 
 
 def test_vocabulary_from_a_checkpoint_directory(tmp_path: Path) -> None:

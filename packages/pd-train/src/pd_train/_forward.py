@@ -276,6 +276,37 @@ def _layer_xs(
     return xs
 
 
+def live_site_output(
+    spec: ForwardSpec,
+    xs: Tree,
+    kind: str,
+    j: int,
+    x: jax.Array,
+    xw: jax.Array,
+    key: jax.Array,
+    source_scale: jax.Array | None,
+) -> jax.Array:
+    """One live site's output ``((x@V)·(m − δ))@U + δ·(x@W)`` [B, T, d_out] at every position.
+
+    xs: one layer's slice of :func:`_layer_xs` (``V``, ``U``, ``ci``, ``site_id``, optionally
+    ``source``); j: the kind's column in the segment; x [B, T, d_in]; xw = x@W [B, T, d_out];
+    key, source_scale: as :func:`masked_forward`'s."""
+    ci = xs["ci"][kind]
+    if "source" in xs:
+        source = xs["source"][kind]
+    else:
+        source = sample_source(
+            spec.sampling,
+            (*x.shape[:-1], ci.shape[-1] + 1),
+            key=jax.random.fold_in(key, xs["site_id"][j]),
+        )
+    if source_scale is not None:
+        source = source * jnp.asarray(source_scale, source.dtype)
+    m, delta = masks(ci, source)
+    inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
+    return inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw
+
+
 def _masked_body(
     spec: ForwardSpec,
     seg: Segment,
@@ -300,21 +331,7 @@ def _masked_body(
                 j = seg.kinds.index(kind)
                 if flags is not None and not flags[j]:
                     return xw
-                ci = xs["ci"][kind]
-                c = ci.shape[-1]
-                if "source" in xs:
-                    source = xs["source"][kind]
-                else:
-                    source = sample_source(
-                        spec.sampling,
-                        (*x.shape[:-1], c + 1),
-                        key=jax.random.fold_in(key, xs["site_id"][j]),
-                    )
-                if source_scale is not None:
-                    source = source * jnp.asarray(source_scale, source.dtype)
-                m, delta = masks(ci, source)
-                inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
-                out = inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw
+                out = live_site_output(spec, xs, kind, j, x, xw, key, source_scale)
                 route = jnp.ones(x.shape[:-1], bool) if flags is not None else xs["live"][j]
                 if "routed" in xs:
                     route = route & xs["routed"][j]

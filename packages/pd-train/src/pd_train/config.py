@@ -336,6 +336,10 @@ class PDConfig:
     ci_fn: OptimizerConfig
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
     l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+    #: CI-L0 groups of the eval records (``l0_group/<name>``): ``{name: [site patterns]}``, a
+    #: group's L0 the sum over the decomposed sites its fnmatch patterns match (checked by
+    #: :func:`pd_train.analysis.statistics.resolve_l0_groups`). Null: per layer, per kind, total.
+    l0_groups: dict[str, tuple[str, ...]] | None = None
     #: Evaluation also reports ``eval/kl_pgd``: recon under fresh PGD masks (null: not run).
     eval_pgd: PGDEval | None = None
 

@@ -35,6 +35,7 @@ import numpy as np
 
 import pd_sharding
 from pd_train._forward import CleanRunner, masked_forward
+from pd_train.analysis.recon_eval import ReconStats, recon_batch_metrics
 from pd_train.analysis.statistics import EvalComponentStats, component_counts
 from pd_train.losses import FreshPGD, kl_clean_masked, l0, site_grid
 from pd_train.squash import lower_leaky_hard
@@ -57,9 +58,11 @@ def batch_metrics(
     tokens: jax.Array,
     key: jax.Array,
     adversary: Any = None,
+    slow: bool = False,
 ) -> dict[str, Any]:
     """The metrics of one batch (traceable): ``eval/*`` scalars, ``l0`` {kind: [n_k]} and
-    ``ci_hist`` {kind: [n_k, HIST_BINS]}.
+    ``ci_hist`` {kind: [n_k, HIST_BINS]}; ``slow`` (static): also ``recon``, the hidden-activation
+    and attention-pattern recon of :mod:`pd_train.analysis.recon_eval`.
 
     params: the train state's params; tokens [B, T] int32; key: this batch's eval key (the
     stochastic mask folds it per site, fresh PGD starts from it); adversary: the train state's
@@ -136,6 +139,16 @@ def batch_metrics(
     out["l0"] = l0(ci_lower, threshold)
     out["ci_hist"] = {k: ci_histogram(v) for k, v in ci_lower.items()}
     out["components"] = component_counts(ci_lower, threshold)  # density, mean CI, L0 groups
+    if slow:
+        out["recon"] = recon_batch_metrics(
+            spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci_lower,
+            key=key,
+            clean_stream=clean.stream,
+        )
     return out
 
 
@@ -153,30 +166,35 @@ def ci_histogram(ci: jax.Array) -> jax.Array:
     return at_least - jnp.pad(at_least[:, 1:], ((0, 0), (0, 1)))
 
 
-def eval_jit(trainer: Any) -> Any:
+def eval_jit(trainer: Any, *, slow: bool = False) -> Any:
     """``jit(eval_metrics)(params, target, tokens, key)``: :func:`batch_metrics` for ``trainer``,
-    with the trainer's compiler options."""
+    with the trainer's compiler options (``slow``: with the slow-eval metrics)."""
 
     def eval_metrics(
         params: Any, target: Any, tokens: jax.Array, key: jax.Array, adversary: Any = None
     ) -> Any:
-        return batch_metrics(trainer, params, target, tokens, key, adversary)
+        return batch_metrics(trainer, params, target, tokens, key, adversary, slow=slow)
 
     return jax.jit(eval_metrics, compiler_options=trainer.compiler_options or None)
 
 
 def lower_eval(
-    trainer: Any, *, batch_size: int, seq_len: int, target_dtype: Any = jnp.bfloat16
+    trainer: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    target_dtype: Any = jnp.bfloat16,
+    slow: bool = False,
 ) -> Any:
-    """Lower the eval jit on abstract params, target, batch and key (allocates nothing), as
-    ``Trainer.lower_step`` does for the step."""
+    """Lower the eval jit (``slow``: the slow-eval one) on abstract params, target, batch and key
+    (allocates nothing), as ``Trainer.lower_step`` does for the step."""
     shape = (batch_size, seq_len)
     tokens = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding(shape))
     key = jax.eval_shape(lambda: jax.random.key(0))
     if trainer.layout is not None:
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
     state = trainer.abstract_state()
-    return eval_jit(trainer).lower(
+    return eval_jit(trainer, slow=slow).lower(
         state.params, trainer.abstract_target(target_dtype), tokens, key, state.adversary or None
     )
 
@@ -190,17 +208,27 @@ class Evaluator:
         self.n_batches = n_batches
         self.mesh = mesh
         self._eval = eval_jit(trainer)
+        self._slow_eval: Any = None
 
-    def __call__(self, state: Any, target: Any, *, key: jax.Array) -> dict[str, Any]:
+    def __call__(
+        self, state: Any, target: Any, *, key: jax.Array, slow: bool = False
+    ) -> dict[str, Any]:
+        """``slow``: also the slow-eval recon metrics (a second jit, compiled on first use)."""
+        if slow and self._slow_eval is None:
+            self._slow_eval = eval_jit(self.trainer, slow=True)
+        run = self._slow_eval if slow else self._eval
+        recon = ReconStats(self.trainer.forward_spec) if slow else None
         sums: dict[str, float] = {}
         hist: dict[str, np.ndarray] = {}
         l0_sum: dict[str, float] = {}
-        components = EvalComponentStats(self.trainer.decomposition)
+        components = EvalComponentStats(
+            self.trainer.decomposition, getattr(self.trainer.pd, "l0_groups", None)
+        )
         for i in range(self.n_batches):
             rows = self.batches.batch(i)
             tokens = pd_sharding.global_batch(rows.astype(np.int32), self.mesh)
             metrics = jax.device_get(
-                self._eval(
+                run(
                     state.params,
                     target,
                     tokens,
@@ -225,3 +253,7 @@ class Evaluator:
             record[f"ci_hist/{name}"] = {"edges": edges, "counts": np.asarray(counts).tolist()}
         record.update(components.record())
         return record
+            if recon is not None:
+                recon.add(metrics["recon"])
+        if recon is not None:
+            record.update(recon.record())

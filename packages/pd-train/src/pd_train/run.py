@@ -73,6 +73,7 @@ def prepare(
     ``for_run=False`` (``pd-train compile``, probes) skips the checks that need weights and
     data on disk.
     """
+    from pd_train.analysis.statistics import resolve_l0_groups
     from pd_train.config import check_pd_config
     from pd_train.data import DataError, TokenDataset
     from pd_train.decomposition import build_decomposition
@@ -106,6 +107,7 @@ def prepare(
         if decomposition is not None:
             # CI checks that need the decomposition (transformer chunks) before any compile.
             attempt(lambda: _check_ci_function(config, decomposition))
+            attempt(lambda: resolve_l0_groups(config.pd.l0_groups, decomposition.sites))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(model, checkpoint))
     problems.extend(_cadence_problems(config))
@@ -237,7 +239,9 @@ def _cadence_problems(config: Config) -> list[tuple[str, str]]:
                 out.append((f"cadence.{name}", msg))
             else:
                 out.append((f"cadence.{name}", msg.replace(" (0 turns it off)", "")))
-    return out
+    from pd_train.analysis.recon_eval import slow_eval_problems
+
+    return out + slow_eval_problems(config.cadence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,6 +577,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     from pd_probe import Recorder
     from pd_train import evaluate as evaluation
     from pd_train import flops
+    from pd_train.analysis.recon_eval import slow_eval_due
     from pd_train.checkpoints import Checkpoints
     from pd_train.data import Batches, TokenDataset
     from pd_train.outputs import MetricsLog, Progress, read_metrics, render_summary, write_plots
@@ -742,7 +747,12 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
                 # The attempt's first eval compiles (also on a resume, at a later step).
                 with recorder.phase("eval") if not evaluated else _null():
-                    record = evaluator(state, target, key=jax.random.fold_in(eval_key, step))
+                    record = evaluator(
+                        state,
+                        target,
+                        key=jax.random.fold_in(eval_key, step),
+                        slow=slow_eval_due(config.cadence.slow_eval_every, step, config.pd.steps),
+                    )
                 evaluated = True
                 metrics_log.log(done, "eval", record)
             if tracker is not None:

@@ -67,10 +67,13 @@ class DataConfig:
 @attrs.frozen(kw_only=True)
 class CadenceConfig:
     """Every how many steps to log, evaluate and save (0 turns eval/save off; a final
-    checkpoint is always written)."""
+    checkpoint is always written). ``slow_eval_every``: every how many steps an eval also
+    computes the expensive recon metrics (hidden activations, attention patterns; see
+    :mod:`pd_train.analysis.recon_eval`), a multiple of ``eval_every``; 0 turns them off."""
 
     train_log_every: int = attrs.field(default=10, validator=positive())
     eval_every: int = attrs.field(default=0, validator=non_negative())
+    slow_eval_every: int = attrs.field(default=0, validator=non_negative())
     save_every: int = attrs.field(default=0, validator=non_negative())
     keep_last_n_checkpoints: int = attrs.field(default=2, validator=positive())
 

@@ -16,12 +16,16 @@ over its sites (the mean number of active components per token in that group).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pd_train._config_io import ConfigError
 
 __all__ = [
     "MAX_LOGGED_COMPONENTS",
@@ -30,6 +34,7 @@ __all__ = [
     "component_counts",
     "grouped_l0",
     "l0_groups",
+    "resolve_l0_groups",
 ]
 
 
@@ -79,6 +84,52 @@ def l0_groups(sites: Iterable[Any]) -> dict[str, list[str]]:
     return groups
 
 
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def resolve_l0_groups(
+    patterns: Mapping[str, Sequence[str]] | None,
+    sites: Iterable[Any],
+    *,
+    path: str = "pd.l0_groups",
+) -> dict[str, list[str]]:
+    """The CI-L0 groups ``{name: [site names]}`` of a config's ``pd.l0_groups``
+    (``{name: [fnmatch patterns over site names]}``), members in canonical order; None gives the
+    default :func:`l0_groups` (per layer, per kind, total).
+
+    Raises ConfigError naming ``pd.l0_groups.<name>`` for a bad name or an empty list, and
+    ``pd.l0_groups.<name>[i]`` for a pattern that matches no decomposed site (all at once).
+    """
+    sites = list(sites)
+    if patterns is None:
+        return l0_groups(sites)
+    problems: list[tuple[str, str]] = []
+    if not patterns:
+        problems.append((path, "is empty; give {name: [site patterns]} or null for the defaults"))
+    groups: dict[str, list[str]] = {}
+    for name, group in patterns.items():
+        where = f"{path}.{name}"
+        if not _GROUP_NAME.match(name):
+            msg = f"group name {name!r}: use letters, digits, '.', '_' and '-' (no '/')"
+            problems.append((where, msg))
+        if not group:
+            problems.append((where, "is empty; list at least one site pattern"))
+        matched: set[str] = set()
+        for i, pattern in enumerate(group):
+            hits = {s.name for s in sites if fnmatch.fnmatchcase(s.name, pattern)}
+            if not hits:
+                msg = (
+                    f"{pattern!r} matches no decomposed site; decomposed sites are named like "
+                    f"{sites[0].name!r} (fnmatch patterns: *, ?, [0-9])"
+                )
+                problems.append((f"{where}[{i}]", msg))
+            matched |= hits
+        groups[name] = [s.name for s in sites if s.name in matched]
+    if problems:
+        raise ConfigError(problems)
+    return groups
+
+
 def grouped_l0(
     site_l0: Mapping[str, float], groups: Mapping[str, Iterable[str]]
 ) -> dict[str, float]:
@@ -100,13 +151,17 @@ class EvalComponentStats:
       ci_lower > threshold) and ``ci_mean/<site>``: [C] mean ci_lower per component — for sites
       with at most :data:`MAX_LOGGED_COMPONENTS` components;
     * ``alive/<site>``: components with density > 0 on the eval batches;
-    * ``l0_group/<group>``: CI-L0 per group of :func:`l0_groups` (``layer.{i}``,
-      ``kind.{kind}``, ``total``): the mean number of active components per token in the group.
+    * ``l0_group/<group>``: CI-L0 per group (``pd.l0_groups``, default :func:`l0_groups`:
+      ``layer.{i}``, ``kind.{kind}``, ``total``): the mean number of active components per token
+      in the group.
     """
 
-    def __init__(self, decomposition: Any) -> None:
+    def __init__(
+        self, decomposition: Any, groups: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        """groups: ``pd.l0_groups`` (site patterns per group; None: per layer, kind, total)."""
         self.sites = list(decomposition.sites)
-        self.groups = l0_groups(self.sites)
+        self.groups = resolve_l0_groups(groups, self.sites)
         self.active: dict[str, np.ndarray] = {}
         self.ci_sum: dict[str, np.ndarray] = {}
         self.tokens = 0

@@ -38,7 +38,9 @@ __all__ = [
     "Linear",
     "apply_rope",
     "attention",
+    "attention_probs",
     "decoder_layer",
+    "decoder_layer_with_attention",
     "embed",
     "forward",
     "init_params",
@@ -161,20 +163,30 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal grouped-query attention. q [B, T, H, hd]; k, v [B, T, KV, hd] -> [B, T, H, hd].
-
-    Query head h reads key/value head ``h // (H // KV)``, as Hugging Face's ``repeat_kv`` does.
-    """
+def attention_probs(q: jax.Array, k: jax.Array) -> jax.Array:
+    """Causal grouped-query attention probabilities in fp32. q [B, T, H, hd]; k [B, T, KV, hd]
+    -> [B, KV, H // KV, T_query, T_key] (query head h is group ``h // (H // KV)``, member
+    ``h % (H // KV)``); future keys get probability exactly 0."""
     b, t, heads, hd = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, heads // kv_heads, hd)
     scores = jnp.einsum("bqgrd,bkgd->bgrqk", q, k).astype(jnp.float32) / math.sqrt(hd)
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs, v)
-    return out.reshape(b, t, heads, hd)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal grouped-query attention. q [B, T, H, hd]; k, v [B, T, KV, hd] -> [B, T, H, hd].
+
+    Query head h reads key/value head ``h // (H // KV)``, as Hugging Face's ``repeat_kv`` does.
+    """
+    return _attend(attention_probs(q, k), v, q.shape)
+
+
+def _attend(probs: jax.Array, v: jax.Array, q_shape: tuple[int, ...]) -> jax.Array:
+    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs.astype(v.dtype), v)
+    return out.reshape(q_shape)
 
 
 def decoder_layer(
@@ -187,19 +199,47 @@ def decoder_layer(
 ) -> jax.Array:
     """One decoder layer on the residual stream h [B, T, hidden]; ``layer`` holds one layer's
     slice of ``params["layers"]``. Every matmul goes through ``linear(kind, x, layer[kind])``."""
+    return _decoder_layer(h, layer, cos, sin, config, linear)[0]
+
+
+def decoder_layer_with_attention(
+    h: jax.Array,
+    layer: Mapping[str, jax.Array],
+    cos: jax.Array,
+    sin: jax.Array,
+    config: LlamaConfig,
+    linear: Linear = _frozen_linear,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`decoder_layer` that also returns the layer's attention probabilities
+    [B, heads, T_query, T_key] in fp32 (for evaluation; the training forwards never ask)."""
+    h, probs = _decoder_layer(h, layer, cos, sin, config, linear)
+    b, g, r, t, _ = probs.shape
+    return h, probs.reshape(b, g * r, t, t)
+
+
+def _decoder_layer(
+    h: jax.Array,
+    layer: Mapping[str, jax.Array],
+    cos: jax.Array,
+    sin: jax.Array,
+    config: LlamaConfig,
+    linear: Linear,
+) -> tuple[jax.Array, jax.Array]:
     b, t, _ = h.shape
     hd = config.resolved_head_dim
     x = rms_norm(h, layer["input_layernorm"], config.rms_norm_eps)
     q = linear("q_proj", x, layer["q_proj"]).reshape(b, t, config.num_attention_heads, hd)
     k = linear("k_proj", x, layer["k_proj"]).reshape(b, t, config.num_key_value_heads, hd)
     v = linear("v_proj", x, layer["v_proj"]).reshape(b, t, config.num_key_value_heads, hd)
-    attn = attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+    q = apply_rope(q, cos, sin)
+    probs = attention_probs(q, apply_rope(k, cos, sin))
+    attn = _attend(probs, v, q.shape)
     h = h + linear("o_proj", attn.reshape(b, t, -1), layer["o_proj"])
     x = rms_norm(h, layer["post_attention_layernorm"], config.rms_norm_eps)
     gated = jax.nn.silu(linear("gate_proj", x, layer["gate_proj"])) * linear(
         "up_proj", x, layer["up_proj"]
     )
-    return h + linear("down_proj", gated, layer["down_proj"])
+    return h + linear("down_proj", gated, layer["down_proj"]), probs
 
 
 def embed(params: Params, tokens: jax.Array, dtype: Any = None) -> jax.Array:
