@@ -245,6 +245,8 @@ class Evaluator:
                 counts = np.asarray(metrics["ci_hist"][site.kind])[site.index]
                 hist[site.name] = hist.get(site.name, 0) + counts
             components.add(metrics["components"], tokens.size)
+            if recon is not None:
+                recon.add(metrics["recon"])
         record: dict[str, Any] = {k: v / self.n_batches for k, v in sums.items()}
         for name, value in l0_sum.items():
             record[f"l0/{name}"] = value / self.n_batches
@@ -252,8 +254,6 @@ class Evaluator:
         for name, counts in hist.items():
             record[f"ci_hist/{name}"] = {"edges": edges, "counts": np.asarray(counts).tolist()}
         record.update(components.record())
-        return record
-            if recon is not None:
-                recon.add(metrics["recon"])
         if recon is not None:
             record.update(recon.record())
+        return record
