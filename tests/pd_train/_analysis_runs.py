@@ -49,6 +49,7 @@ CONFIG = {
     "cadence": {
         "train_log_every": 1,
         "eval_every": 2,
+        "slow_eval_every": 4,  # the recon metrics at step 4 only (test_analysis_run)
         "save_every": 2,
         "keep_last_n_checkpoints": 3,
     },

@@ -149,3 +149,32 @@ def test_eval_records_component_density_mean_ci_and_l0_groups(runs: Runs) -> Non
         assert record["l0_group/kind.down_proj"] == pytest.approx(
             record["l0/layers.0.mlp.down_proj"] + record["l0/layers.1.mlp.down_proj"], rel=1e-5
         )
+
+
+def test_slow_eval_writes_recon_metrics_only_on_its_steps(runs: Runs) -> None:
+    """``cadence.slow_eval_every: 4`` with evals at steps 2 and 4: only the step-4 eval (record
+    step 3) carries hidden-activation and attention-pattern recon; the resumed run's equals the
+    uninterrupted run's."""
+    sites = ("layers.0.mlp.down_proj", "layers.1.self_attn.q_proj", "layers.1.mlp.down_proj")
+    recon = ("hidden_mse_", "attn_kl_", "eval/hidden_mse_", "eval/attn_kl_")
+    last = {}
+    for run_dir in (runs.uninterrupted, runs.resumed):
+        evals = {r["step"]: r for r in read_metrics(run_dir) if r["phase"] == "eval"}
+        assert sorted(evals) == [1, 3]
+        assert not [k for k in evals[1] if k.startswith(recon)]
+        record = evals[3]
+        keys = {k for k in record if k.startswith(recon)}
+        expected = {
+            f"eval/{m}_{mask}" for m in ("hidden_mse", "attn_kl") for mask in ("ci", "stochastic")
+        }
+        for mask in ("ci", "stochastic"):
+            expected |= {f"hidden_mse_{mask}/{s}" for s in sites}
+            expected |= {f"attn_kl_{mask}/layers.{i}" for i in range(4)}
+            # Layer 0's attention comes before every decomposed site: the same in both models.
+            assert record[f"attn_kl_{mask}/layers.0"] == 0.0
+            assert record[f"attn_kl_{mask}/layers.1"] > 0.0
+            assert all(record[f"hidden_mse_{mask}/{s}"] > 0.0 for s in sites)
+        assert keys == expected
+        last[run_dir] = {k: record[k] for k in keys}
+    for key, value in last[runs.uninterrupted].items():
+        assert last[runs.resumed][key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
