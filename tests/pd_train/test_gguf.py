@@ -3,6 +3,7 @@ with gguf's own GGUFWriter (llama.cpp's layout: Q/K rows permuted for its RoPE).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -13,11 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from safetensors.numpy import save_file
 
 from pd_train._config_io import ConfigError
 from pd_train.cli import main as pd_train
 from pd_train.models.gguf import gguf_llama_config, is_gguf, load_gguf_checkpoint
-from pd_train.models.hf import CheckpointError, llama_param_shapes
+from pd_train.models.hf import CheckpointError, llama_param_shapes, load_llama_checkpoint
+from pd_train.models.llama import forward, rope_inv_freq
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.tokenizer import TokenizerError, gguf_tokenizer, tokenize_files
 
@@ -85,8 +88,12 @@ def write_gguf(
     drop: tuple[str, ...] = (),
     raw: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]] | None = None,
     tokenizer: bool = False,
+    extra: dict[str, np.ndarray] | None = None,
+    rope_scaling_type: str | None = None,
 ) -> Path:
     w = gguf.GGUFWriter(str(path), arch)
+    if rope_scaling_type is not None:
+        w.add_string(f"{arch}.rope.scaling.type", rope_scaling_type)
     w.add_block_count(config.num_hidden_layers)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
@@ -109,6 +116,7 @@ def write_gguf(
             elif key == "k_proj":
                 t = llama_cpp_permute(t, config.num_key_value_heads)
             tensors[f"blk.{i}.{name}.weight"] = t
+    tensors |= extra or {}
     for name, t in tensors.items():
         if name in drop:
             continue
@@ -251,6 +259,117 @@ def test_metadata_that_disagrees_with_a_tensor_is_named(tmp_path: Path) -> None:
         load_gguf_checkpoint(path)
 
 
+def llama_cpp_rope_factors(
+    head_dim: int, theta: float, factor: float, low: float, high: float, old_context: int
+) -> np.ndarray:
+    """``rope_freqs.weight`` as llama.cpp's convert_hf_to_gguf computes it for a Hugging Face
+    ``rope_scaling: {rope_type: llama3}`` (float32 frequencies, one divisor per frequency)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    out = []
+    for freq in freqs.astype(np.float32):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def test_llama3_rope_scaling_from_rope_freqs_matches_the_safetensors_path(
+    tmp_path: Path,
+) -> None:
+    """A Llama 3.x GGUF carries llama3 RoPE scaling as ``rope_freqs.weight``; pd's logits on it
+    equal those of the same weights as safetensors with ``rope_scaling: llama3`` in config.json.
+    With head_dim 8 and theta 1e4 the wavelengths are 6.3, 63, 628 and 6283: one kept, one in
+    the interpolated band (32..256), two divided by the factor."""
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0}
+    old = 256
+    weights = hf_weights(CONFIG, seed=3)
+    factors = llama_cpp_rope_factors(8, CONFIG.rope_theta, *scaling.values(), old)
+    assert 1.0 < factors[1] < 8.0 and factors[0] == 1.0 and factors[3] == 8.0
+    path = write_gguf(tmp_path / "l3.gguf", weights, extra={"rope_freqs.weight": factors})
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    hf_config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": CONFIG.vocab_size,
+        "hidden_size": CONFIG.hidden_size,
+        "intermediate_size": CONFIG.intermediate_size,
+        "num_hidden_layers": CONFIG.num_hidden_layers,
+        "num_attention_heads": CONFIG.num_attention_heads,
+        "num_key_value_heads": CONFIG.num_key_value_heads,
+        "rms_norm_eps": CONFIG.rms_norm_eps,
+        "rope_theta": CONFIG.rope_theta,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            **scaling,
+            "original_max_position_embeddings": old,
+        },
+    }
+    (hf_dir / "config.json").write_text(json.dumps(hf_config))
+    tensors = {"model.embed_tokens.weight": weights["embed_tokens"]}
+    tensors["model.norm.weight"] = weights["norm"]
+    tensors["lm_head.weight"] = weights["lm_head"]
+    blocks = dict.fromkeys(["q_proj", "k_proj", "v_proj", "o_proj"], "self_attn.")
+    blocks |= dict.fromkeys(["gate_proj", "up_proj", "down_proj"], "mlp.")
+    for i in range(CONFIG.num_hidden_layers):
+        for key in LAYER_NAMES:
+            name = f"model.layers.{i}.{blocks.get(key, '')}{key}.weight"
+            tensors[name] = weights[f"{i}.{key}"]
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(hf_dir / "model.safetensors")
+    )
+
+    g_config, g_params = load_gguf_checkpoint(path)
+    h_config, h_params = load_llama_checkpoint(hf_dir)
+    assert g_config.rope_freq_factors == tuple(float(f) for f in factors)
+    assert g_config.rope_scaling is None and h_config.rope_scaling is not None
+    np.testing.assert_allclose(rope_inv_freq(g_config), rope_inv_freq(h_config), rtol=1e-6)
+    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, size=(1, 96))
+    run = jax.jit(forward, static_argnums=2)
+    g_logits = np.asarray(run(g_params, tokens, g_config))
+    h_logits = np.asarray(run(h_params, tokens, h_config))
+    np.testing.assert_allclose(g_logits, h_logits, atol=2e-4, rtol=0)
+    # The factors matter: without them the logits past the short wavelengths differ.
+    plain = np.asarray(run(g_params, tokens, CONFIG))
+    assert np.abs(plain - g_logits).max() > 1e-2
+
+
+def test_rope_freq_factors_are_checked_on_construction() -> None:
+    import attrs
+
+    from pd_train._config_io import FieldValueError
+    from pd_train.models.llama_config import RopeScaling
+
+    with pytest.raises(FieldValueError, match="has 3 entries; must have head_dim / 2 = 4"):
+        attrs.evolve(CONFIG, rope_freq_factors=(1.0, 2.0, 3.0))
+    with pytest.raises(FieldValueError, match="finite numbers > 0"):
+        attrs.evolve(CONFIG, rope_freq_factors=(1.0, 2.0, 0.0, 1.0))
+    with pytest.raises(FieldValueError, match="and so is rope_scaling"):
+        attrs.evolve(CONFIG, rope_freq_factors=(1.0,) * 4, rope_scaling=RopeScaling())
+
+
+def test_other_rope_scaling_and_bad_rope_freqs_are_refused_by_name(tmp_path: Path) -> None:
+    weights = hf_weights(CONFIG)
+    yarn = write_gguf(tmp_path / "yarn.gguf", weights, rope_scaling_type="yarn")
+    with pytest.raises(CheckpointError, match=r"llama\.rope\.scaling\.type is 'yarn'"):
+        gguf_llama_config(yarn)
+    short = np.ones(3, np.float32)
+    bad = write_gguf(tmp_path / "bad.gguf", weights, extra={"rope_freqs.weight": short})
+    with pytest.raises(CheckpointError, match=r"'rope_freqs\.weight'.*shape \[3\].*\[4\]"):
+        gguf_llama_config(bad)
+    zero = np.array([1, 0, 1, 1], np.float32)
+    bad = write_gguf(tmp_path / "zero.gguf", weights, extra={"rope_freqs.weight": zero})
+    with pytest.raises(CheckpointError, match=r"'rope_freqs\.weight'.*finite and > 0"):
+        gguf_llama_config(bad)
+
+
 def test_a_gguf_checkpoint_in_a_config_gives_its_architecture(tmp_path: Path) -> None:
     from pd_train.run import prepare
 
@@ -328,6 +447,34 @@ def test_tokenize_command_writes_documents_with_separators(
     assert tokens.dtype == np.uint16
     assert tokens.tolist() == want
     assert f"wrote {len(want)} uint16 tokens from 2 file(s)" in capsys.readouterr().out
+
+
+def test_tokenize_errors_come_before_any_progress_bar(
+    tokenizer_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad argument (a missing file, a file that is not UTF-8, a separator not in the
+    vocabulary) is reported alone: no empty progress bar is printed above the error."""
+    good = tmp_path / "good.txt"
+    good.write_text("hello")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    out = tmp_path / "t.npy"
+    cases = [
+        ([str(tmp_path / "missing.txt")], [], "TEXT_FILES: ["),
+        ([str(good), str(latin1)], [], "is not UTF-8 text"),
+        ([str(good)], ["--separator", "<nope>"], "--separator: '<nope>' is not a token"),
+    ]
+    for files, extra, message in cases:
+        argv = ["tokenize", *files, "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
+        assert pd_train([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert "tokenize:" not in err and "|" not in err, err
+        assert not out.exists()
+    # A good run does show the bar.
+    argv = ["tokenize", str(good), "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
+    assert pd_train(argv) == 0
+    assert "tokenize: 100%|" in capsys.readouterr().err
 
 
 def test_tokenize_errors_name_the_argument(

@@ -55,18 +55,31 @@ def tokenize(args: argparse.Namespace) -> int:
         print(f"pd-train: error: --checkpoint: {exc}", file=sys.stderr)
         return 2
     total = sum(f.stat().st_size for f in args.text_files if f.is_file())
-    with tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr) as bar:
-        try:
-            tokens = tokenize_files(
-                args.text_files,
-                checkpoint=checkpoint,
-                out=args.out,
-                separator=args.separator,
-                progress=bar.update,
-            )
-        except TokenizerError as exc:
-            print(f"pd-train: error: {exc}", file=sys.stderr)
-            return 2
+    bar: Any = None
+
+    def progress(n_bytes: int) -> None:
+        # Created on the first call, which comes once every input has been checked: an error
+        # in the arguments is printed alone, without an empty bar above it.
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
+        bar.update(n_bytes)
+
+    try:
+        tokens = tokenize_files(
+            args.text_files,
+            checkpoint=checkpoint,
+            out=args.out,
+            separator=args.separator,
+            progress=progress,
+        )
+    except TokenizerError as exc:
+        if bar is not None:
+            bar.close()
+        print(f"pd-train: error: {exc}", file=sys.stderr)
+        return 2
+    if bar is not None:
+        bar.close()
     print(
         f"wrote {tokens.size} {tokens.dtype} tokens from {len(args.text_files)} file(s) to {args.out}"
     )

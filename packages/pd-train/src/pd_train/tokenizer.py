@@ -13,6 +13,7 @@ followed by a separator token) as one 1-D ``.npy`` — the format ``data.path`` 
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,27 @@ def gguf_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        msg = f"TEXT_FILES: {path} is not UTF-8 text ({e})"
+        raise TokenizerError(msg) from None
+
+
+def _check_utf8(path: Path) -> None:
+    """A TokenizerError naming ``path`` unless it is UTF-8 (read in 1 MiB pieces, not kept)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with path.open("rb") as f:
+        try:
+            while piece := f.read(1 << 20):
+                decoder.decode(piece)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            msg = f"TEXT_FILES: {path} is not UTF-8 text ({e})"
+            raise TokenizerError(msg) from None
+
+
 def tokenize_files(
     files: Sequence[str | Path],
     *,
@@ -106,8 +128,10 @@ def tokenize_files(
     """Tokenize ``files`` (UTF-8 text, each one document) with ``checkpoint``'s tokenizer and
     write the tokens, each document followed by ``separator``'s id, to ``out`` (a 1-D ``.npy``:
     uint16 when the vocabulary fits, else uint32). ``separator`` is a token of the vocabulary
-    (default: the GGUF's ``tokenizer.ggml.eos_token_id``). ``progress(n_bytes)`` is called
-    after each file. Returns the tokens."""
+    (default: the GGUF's ``tokenizer.ggml.eos_token_id``). Every argument is checked (files
+    exist and are UTF-8, the tokenizer loads, the separator is a token) before any tokenizing;
+    then ``progress(0)`` is called once, and ``progress(n_bytes)`` after each file. Returns the
+    tokens."""
     out = Path(out)
     if out.suffix != ".npy":
         msg = f"--out: got {str(out)!r}; expected a .npy file"
@@ -116,6 +140,11 @@ def tokenize_files(
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         msg = f"TEXT_FILES: {missing} do not exist or are not files"
+        raise TokenizerError(msg)
+    for path in paths:
+        _check_utf8(path)
+    if out.is_dir():
+        msg = f"--out: {str(out)!r} is a directory; expected a .npy file"
         raise TokenizerError(msg)
     try:
         tokenizer = gguf_tokenizer(checkpoint)
@@ -137,14 +166,12 @@ def tokenize_files(
             raise TokenizerError(msg)
         sep_id = int(found)
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    if progress is not None:
+        progress(0)
     parts = []
     for path in paths:
         raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            msg = f"TEXT_FILES: {path} is not UTF-8 text ({e})"
-            raise TokenizerError(msg) from None
+        text = _decode(path, raw)
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         parts.append(np.asarray([*ids, sep_id], dtype=dtype))
         if progress is not None:

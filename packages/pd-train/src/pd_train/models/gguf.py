@@ -16,8 +16,10 @@ llama.cpp's converter permutes the rows of ``q_proj`` and ``k_proj`` (per head, 
 halves are interleaved: Hugging Face row ``h*hd + i*hd/2 + j`` is stored at row
 ``h*hd + 2*j + i``); this loader reads them back in Hugging Face's order.
 
-Only the ``llama`` architecture is read, without MoE, with full-head RoPE and no RoPE scaling;
-anything else is an error naming the metadata key or tensor.
+Only the ``llama`` architecture is read, without MoE, with full-head RoPE, and either no RoPE
+scaling or Llama 3.x's llama3 scaling as llama.cpp stores it (per-frequency divisors in the
+tensor ``rope_freqs.weight``, → :attr:`LlamaConfig.rope_freq_factors`); anything else is an
+error naming the metadata key or tensor.
 """
 
 from __future__ import annotations
@@ -168,13 +170,12 @@ def gguf_llama_config(source: str | Path | gguf.GGUFReader) -> LlamaConfig:
         msg = f"checkpoint: {file}: {arch}.expert_count is {experts!r}; pd reads dense Llama models (0 experts)"
         raise CheckpointError(msg)
     scaling = get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in _tensor_index(reader):
-        what = (
-            f"{arch}.rope.scaling.type is {scaling!r}"
-            if scaling not in ("none", None)
-            else "it holds rope_freqs.weight"
+    if scaling not in ("none", None):
+        msg = (
+            f"checkpoint: {file}: {arch}.rope.scaling.type is {scaling!r}; pd reads GGUF Llamas "
+            "without RoPE scaling or with llama3 scaling given as per-frequency factors "
+            "(the tensor rope_freqs.weight, type 'none')"
         )
-        msg = f"checkpoint: {file}: {what}; pd reads GGUF Llamas without RoPE scaling"
         raise CheckpointError(msg)
 
     hidden = int(get(f"{arch}.embedding_length", required=True))
@@ -193,6 +194,7 @@ def gguf_llama_config(source: str | Path | gguf.GGUFReader) -> LlamaConfig:
             f"to the whole head ({resolved_hd})"
         )
         raise CheckpointError(msg)
+    freq_factors = _rope_freq_factors(reader, file, resolved_hd)
     vocab = get(f"{arch}.vocab_size")
     if vocab is None:
         if "tokenizer.ggml.tokens" not in meta:
@@ -212,10 +214,33 @@ def gguf_llama_config(source: str | Path | gguf.GGUFReader) -> LlamaConfig:
             rope_theta=_f32(get(f"{arch}.rope.freq_base", 10_000.0)),
             max_position_embeddings=int(get(f"{arch}.context_length", 2048)),
             tie_word_embeddings="output.weight" not in _tensor_index(reader),
+            rope_freq_factors=freq_factors,
         )
     except FieldValueError as e:
         msg = f"checkpoint: {file}: the metadata gives {e.field} {e.message}"
         raise CheckpointError(msg) from None
+
+
+def _rope_freq_factors(
+    reader: gguf.GGUFReader, file: str | Path, head_dim: int
+) -> tuple[float, ...] | None:
+    """``rope_freqs.weight`` [head_dim / 2] as floats, or None when the file has none.
+
+    llama.cpp's converter stores a Llama 3.x's llama3 RoPE scaling this way: inverse frequency
+    i is divided by entry i (1 for short wavelengths, ``factor`` for long ones, interpolated in
+    between), which is what :func:`pd_train.models.llama.rope_inv_freq` applies."""
+    tensor = _tensor_index(reader).get("rope_freqs.weight")
+    if tensor is None:
+        return None
+    _check_readable(str(file), tensor, (head_dim // 2,))
+    values = _Tensor(str(file), tensor, None).rows(slice(None))
+    if not np.all(np.isfinite(values) & (values > 0)):
+        msg = (
+            f"checkpoint: tensor 'rope_freqs.weight' in {file} holds {values.tolist()}; "
+            "RoPE frequency factors must be finite and > 0"
+        )
+        raise CheckpointError(msg)
+    return tuple(float(v) for v in values)
 
 
 def _f32(value: Any) -> float:

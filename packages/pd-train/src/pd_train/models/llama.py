@@ -122,7 +122,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
-    """Inverse frequencies [head_dim // 2] in fp32, with Llama-3 scaling when configured.
+    """Inverse frequencies [head_dim // 2] in fp32, with Llama-3 scaling when configured (or
+    divided by ``rope_freq_factors`` when given).
 
     Frequencies whose wavelength exceeds ``original_max_position_embeddings / low_freq_factor``
     are divided by ``factor``; those shorter than ``... / high_freq_factor`` are kept; the band in
@@ -131,6 +132,8 @@ def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
     dim = config.resolved_head_dim
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
     inv_freq = (1.0 / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    if config.rope_freq_factors is not None:  # per-frequency divisors (a GGUF's rope_freqs)
+        return (inv_freq / np.asarray(config.rope_freq_factors, np.float32)).astype(np.float32)
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq

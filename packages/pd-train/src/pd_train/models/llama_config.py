@@ -77,7 +77,7 @@ class LlamaConfig:
     ``rope_theta`` finite and > 0;
     ``num_key_value_heads`` divides ``num_attention_heads`` (grouped-query attention);
     without ``head_dim``, ``num_attention_heads`` divides ``hidden_size``; the head dim is even
-    (rotate-half RoPE).
+    (rotate-half RoPE); ``rope_freq_factors`` has head_dim / 2 entries, without ``rope_scaling``.
     """
 
     vocab_size: int = attrs.field(validator=_positive_int)
@@ -97,6 +97,23 @@ class LlamaConfig:
     )
     max_position_embeddings: int = attrs.field(default=8192, validator=_positive_int)
     tie_word_embeddings: bool = attrs.field(default=False, validator=_bool)
+    #: Per-frequency RoPE divisors [head_dim // 2]: inverse frequency i is divided by entry i
+    #: (llama.cpp's ``rope_freqs.weight``, how a GGUF of a Llama 3.x carries its llama3
+    #: scaling). Null: none. Exclusive with ``rope_scaling``.
+    rope_freq_factors: tuple[float, ...] | None = attrs.field(
+        default=None,
+        validator=_check(
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, tuple)
+                    and len(v) > 0
+                    and all(_is_number(x, numbers.Real) and 0 < x < math.inf for x in v)
+                )
+            ),
+            "null or a non-empty tuple of finite numbers > 0",
+        ),
+    )
 
     def __attrs_post_init__(self) -> None:
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
@@ -120,6 +137,17 @@ class LlamaConfig:
         elif self.head_dim % 2:
             msg = f"got {self.head_dim!r}; must be even (rotate-half RoPE)"
             raise FieldValueError("head_dim", msg)
+        factors = self.rope_freq_factors
+        if factors is not None:
+            if self.rope_scaling is not None:
+                msg = "is set and so is rope_scaling; give one of the two"
+                raise FieldValueError("rope_freq_factors", msg)
+            if len(factors) != self.resolved_head_dim // 2:
+                msg = (
+                    f"has {len(factors)} entries; must have head_dim / 2 = "
+                    f"{self.resolved_head_dim // 2} (one per RoPE frequency)"
+                )
+                raise FieldValueError("rope_freq_factors", msg)
 
     @property
     def resolved_head_dim(self) -> int:
