@@ -157,12 +157,21 @@ def ci_histogram(ci: jax.Array) -> jax.Array:
     HIST_BINS equal bins; a bin holds [left, right), the last also 1.
 
     The bins of ``jnp.histogram`` with the same edges, counted as differences of "at least this
-    edge" counts: a few fused reductions, where ``jnp.histogram``'s search and scatter cost
-    about a tenth of the eval jit's compile time; int32, so counts stay exact past 2**24.
+    edge" counts, where ``jnp.histogram``'s search and scatter cost about a tenth of the eval
+    jit's compile time; int32, so counts stay exact past 2**24.
+
+    Memory: a loop over sites, and in it over edges, so at most one site's [B·T·C] compare is
+    live. The broadcast compare against all edges at once (``c[..., None] >= edges``) was
+    materialized by XLA:CPU as int32 [n_k, B·T·C, HIST_BINS] — 20× the CI, ~100 GiB per device
+    at Llama-3-8B's 224 sites on 64 devices (docs/findings.md section 8).
     """
-    edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)
-    c = jnp.clip(ci, 0.0, 1.0).reshape(ci.shape[0], -1)
-    at_least = jnp.sum(c[..., None] >= edges[:-1], axis=1, dtype=jnp.int32)  # [n_k, HIST_BINS]
+    edges = jnp.linspace(0.0, 1.0, HIST_BINS + 1)[:-1]
+
+    def site_counts(site_ci: jax.Array) -> jax.Array:  # [B, T, C] -> [HIST_BINS]
+        c = jnp.clip(site_ci, 0.0, 1.0)
+        return jax.lax.map(lambda edge: jnp.sum(c >= edge, dtype=jnp.int32), edges)
+
+    at_least = jax.lax.map(site_counts, ci)  # [n_k, HIST_BINS]: counts >= each left edge
     return at_least - jnp.pad(at_least[:, 1:], ((0, 0), (0, 1)))
 
 
