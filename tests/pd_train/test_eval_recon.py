@@ -348,3 +348,79 @@ def test_slow_eval_cadence_errors_name_the_field(cadence: dict[str, int], messag
     assert "cadence.slow_eval_every" in text and message in text, text
     ok = _raw_config(cadence={"eval_every": 2, "slow_eval_every": 4})
     assert prepare(ok, for_run=False).config.cadence.slow_eval_every == 4
+
+
+def test_evaluator_slow_flag_adds_the_recon_metrics_of_its_own_batches(tmp_path: Any) -> None:
+    """``Evaluator(..., slow=True)``: the regular metrics are the same as without it, and the
+    recon entries are :func:`recon_batch_metrics` on the Trainer's ci_lower with the batch's
+    eval key (so the stochastic mask is the eval's), averaged over the batches."""
+    import pd_sharding
+    from pd_train.analysis.statistics import ci_lower_of
+    from pd_train.config import MLPCI, Faithfulness, OptimizerConfig, PDConfig
+    from pd_train.data import Batches, TokenDataset
+    from pd_train.evaluate import Evaluator
+    from pd_train.step import Trainer, TrainState
+
+    model = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    pd = PDConfig(
+        steps=2,
+        batch_size=2,
+        decomposition_targets=(
+            DecompositionTarget(module_pattern="layers.1.self_attn.k_proj", C=4),
+            DecompositionTarget(module_pattern="layers.[01].mlp.up_proj", C=4),
+        ),
+        ci=MLPCI(hidden_dims=(4,)),
+        loss_metrics=(Faithfulness(coeff=1.0),),
+        components=OptimizerConfig(lr=1e-3),
+        ci_fn=OptimizerConfig(lr=1e-3),
+        l0_threshold=0.1,
+    )
+    mesh = pd_sharding.make_mesh(data=1, devices=jax.devices()[:1])
+    trainer = Trainer(model, pd, mesh=mesh, compiler_options=FAST)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(
+        lambda a: jnp.asarray(0.4 * rng.standard_normal(a.shape), a.dtype),
+        trainer.abstract_params(),
+    )
+    target = llama.init_params(model, key=jax.random.key(0))
+    np.save(tmp_path / "t.npy", rng.integers(0, 32, 500).astype(np.uint16))
+    data = TokenDataset(tmp_path / "t.npy", seq_len=6, dtype="uint16", vocab_size=32)
+    batches = Batches(data, batch_size=2, seed=1, process_index=0, process_count=1)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state={})
+    evaluator = Evaluator(trainer, batches, n_batches=2, mesh=mesh)
+    key = jax.random.key(9)
+    plain = evaluator(state, target, key=key)
+    slow = evaluator(state, target, key=key, slow=True)
+    assert not [k for k in plain if "hidden_mse" in k or "attn_kl" in k]
+    for name, value in plain.items():
+        if name.startswith("eval/"):
+            assert slow[name] == value, name
+
+    @functools.partial(jax.jit, compiler_options=FAST)
+    def reference(tokens: jax.Array, key: jax.Array) -> Any:
+        comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
+        return recon_batch_metrics(
+            trainer.forward_spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci_lower_of(trainer, params, target, tokens),
+            key=key,
+        )
+
+    stats = ReconStats(trainer.forward_spec)
+    for i in range(2):
+        tokens = jnp.asarray(batches.batch(i).astype(np.int32))
+        stats.add(jax.device_get(reference(tokens, jax.random.fold_in(key, i))))
+    expected = stats.record()
+    assert sorted(k for k in slow if "hidden_mse" in k or "attn_kl" in k) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(slow[name], value, rtol=1e-5, atol=1e-12, err_msg=name)
+    assert expected["eval/hidden_mse_stochastic"] > 0 and expected["attn_kl_ci/layers.1"] > 0

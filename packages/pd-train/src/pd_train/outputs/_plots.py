@@ -319,7 +319,14 @@ def _ci_figure(
     return _save(fig, Path(out_dir) / CI_HIST.format(index))
 
 
-PLOTS = (plot_loss_curves, plot_eval_curves, plot_l0, plot_ci_histograms)
+def plot_density(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
+    """``density_per_kind.png``: :func:`pd_train.analysis.density.plot_density`."""
+    from pd_train.analysis.density import plot_density as plot
+
+    return plot(records, out_dir)
+
+
+PLOTS = (plot_loss_curves, plot_eval_curves, plot_l0, plot_ci_histograms, plot_density)
 
 
 def write_plots(records: Sequence[Record], out_dir: str | Path) -> list[Path]:

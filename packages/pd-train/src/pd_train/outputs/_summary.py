@@ -182,7 +182,10 @@ def render_summary(
     header.update({str(k): str(v) for k, v in (extra or {}).items()})
     width = max(len(k) for k in header)
     lines = ["pd-train summary", *(f"  {k.ljust(width)}  {v}" for k, v in header.items())]
-    for section in (_losses(records), _l0(records), _eval(records), _outputs(run_dir)):
+    from pd_train.analysis.density import density_section
+
+    sections = (_losses(records), _l0(records), density_section(records), _eval(records))
+    for section in (*sections, _outputs(run_dir)):
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,64 @@
+"""Component density in the run's own outputs: the summary's component lines and the
+``density_per_kind.png`` plot, from eval records as the evaluator writes them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pd_train.analysis.density import DENSITY_PLOT, density_by_kind, density_section, plot_density
+from pd_train.outputs import render_summary, write_plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _records() -> list[dict]:
+    first = {"step": 3, "phase": "eval", "alive/layers.0.mlp.down_proj": 1}
+    last = {
+        "step": 7,
+        "phase": "eval",
+        "eval/kl_ci": 0.5,
+        # down before q in the file: kinds come out in canonical order anyway.
+        "density/layers.1.mlp.down_proj": [0.0, 0.25, 0.5, 0.0],
+        "density/layers.0.mlp.down_proj": [0.125, 0.0, 0.0, 0.0],
+        "density/layers.1.self_attn.q_proj": [1e-3, 0.0],
+        "alive/layers.1.mlp.down_proj": 2,
+        "alive/layers.0.mlp.down_proj": 1,
+        "alive/layers.1.self_attn.q_proj": 1,
+        "alive/layers.2.mlp.down_proj": 5,  # a site too large to log its vector
+    }
+    return [{"step": 6, "phase": "train", "loss/total": 1.0}, first, last]
+
+
+def test_density_by_kind_and_the_summary_lines() -> None:
+    records = _records()
+    by_kind = density_by_kind(records[-1])
+    assert list(by_kind) == ["q_proj", "down_proj"]
+    np.testing.assert_array_equal(by_kind["down_proj"], [0.125, 0, 0, 0, 0, 0.25, 0.5, 0])
+    lines = density_section(records)
+    assert lines == [
+        "components (eval, step 7; alive = density > 0):",
+        "  9 alive components in 4 sites",
+        "  logged per component: 4 of 10 alive",
+        "  q_proj     1 of 2 alive, median density 0.001, max 0.001",
+        "  down_proj  3 of 8 alive, median density 0.25, max 0.5",
+    ]
+    assert density_section([records[0]]) == []
+
+
+def test_run_summary_and_plots_show_density(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = _records()
+    text = render_summary(records, tmp_path)
+    assert "  down_proj  3 of 8 alive, median density 0.25, max 0.5" in text.splitlines()
+    paths = write_plots(records, tmp_path / "plots")
+    assert tmp_path / "plots" / DENSITY_PLOT in paths
+    data = (tmp_path / "plots" / DENSITY_PLOT).read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5_000
+    caplog.set_level(logging.INFO, logger="pd_train.outputs")
+    assert plot_density(records[:2], tmp_path / "none") == []
+    assert f"skipping {DENSITY_PLOT}" in caplog.text
