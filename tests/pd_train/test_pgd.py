@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -187,6 +188,31 @@ def test_persistent_sources_init_equals_the_per_array_reference_and_is_sharded()
         total_steps=10,
     )
     assert sc.abstract_sources()["q_proj"].shape == (2, 1, 6, 5)
+
+
+def test_init_lowerings_list_the_sources_init_jits() -> None:
+    # `pd-train compile` and the probe compile what init_lowerings lists: with persistent PGD
+    # that includes the sources' stacked init and their optimizer state, in their shardings.
+    mesh = pd_sharding.make_mesh(data=4, devices=jax.devices()[:4])
+    trainer = Trainer(TINY, _pd(), mesh=mesh, compiler_options=FAST, seq_len=T)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=trainer.layout.replicated())
+    lowerings = dict(trainer.init_lowerings(key=key))
+    assert list(lowerings) == ["init_params", "init_sources", "init_sources_opt"]
+    want = trainer.abstract_state().adversary
+
+    def info(tree):
+        return jax.tree.map(lambda a: (a.shape, a.dtype, a.sharding), tree)
+
+    sources = lowerings["init_sources"]()  # one stack per kind, named by its pd-init group
+    got = {k.removeprefix("ppgd."): v for k, v in info(sources.out_info).items()}
+    assert got == info(want["sources"])
+    opt = lowerings["init_sources_opt"]()
+    assert info(opt.out_info) == info(want["opt_state"])
+    for lowered, tree in ((sources, want["sources"]), (opt, want["opt_state"])):
+        shardings = jax.tree.leaves(lowered.compile().output_shardings)
+        assert sorted(map(str, shardings)) == sorted(str(a.sharding) for a in jax.tree.leaves(tree))
+    without = Trainer(TINY, attrs.evolve(_pd(), loss_metrics=_pd().loss_metrics[:3]), mesh=mesh)
+    assert [name for name, _ in without.init_lowerings(key=key)] == ["init_params"]
 
 
 TINY = llama.LlamaConfig(

@@ -29,8 +29,10 @@ def test_production_config_lowers_every_jit_on_eight_devices() -> None:
 
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
-    ((name, lower_init),) = trainer.init_lowerings(key=key)
-    assert name == "init_params" and lower_init() is not None
+    # The production recipe has persistent PGD: its sources' init jits are listed too.
+    inits = trainer.init_lowerings(key=key)
+    assert [name for name, _ in inits] == ["init_params", "init_sources", "init_sources_opt"]
+    assert all(lower() is not None for _, lower in inits)
     assert trainer.lower_opt_init() is not None
     assert config.pd.faithfulness_warmup.steps > 0
     warmup = trainer.lower_warmup(jnp.bfloat16)
