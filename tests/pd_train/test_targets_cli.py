@@ -16,9 +16,9 @@ from pd_train.toy_cli import is_toy_config, load_toy_config
 def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = ["run", "builtin:tms_5_2", "--run-dir", str(run_dir), "--max-steps", "3"]
-    code = main(
-        [*argv, "--set", "pd.steps=50", "--set", "pd.batch_size=32", "--set", "log_every=2"]
-    )
+    recipe = ["--set", "pd.steps=50", "--set", "pd.batch_size=32", "--set", "log_every=2"]
+    recipe += ["--set", "pd.decomposition_targets[0].C=12"]  # the recipe can change
+    code = main([*argv, *recipe])
     assert code == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 2, 2]  # loss records every 2 steps + the last
@@ -26,12 +26,13 @@ def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
     final = records[-1]
     assert final["eval"] is True
     for site in ("layers.0.linear1", "layers.0.linear2"):
-        assert 0 <= final[f"gt/alive/{site}"] <= 20
+        assert 0 <= final[f"gt/alive/{site}"] <= 12
         assert final[f"gt/identity_ci_error/{site}"] >= 0.0
         assert final[f"gt/recovered/{site}"] in (0.0, 1.0)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
     assert len(summary["one_hot_ci"]["layers.0.linear1"]) == 5  # one row per feature
+    assert len(summary["one_hot_ci"]["layers.0.linear1"][0]) == 12  # C from --set
     assert "identity-CI error" in (run_dir / "summary.txt").read_text()
     for png in ("tms_5_2_permuted_ci.png", "tms_5_2_directions.png"):
         assert (run_dir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
@@ -39,7 +40,10 @@ def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
     saved = run_dir / "config.yaml"
     assert is_toy_config(str(saved))
     assert load_toy_config(str(saved)) == yaml.safe_load(saved.read_text())
-    assert load_toy_config(str(saved))["pd"] == {"steps": 50, "batch_size": 32}
+    pd = load_toy_config(str(saved))["pd"]
+    assert (pd["steps"], pd["batch_size"]) == (50, 32)
+    assert pd["decomposition_targets"] == [{"module_pattern": "layers.0.*", "C": 12}]
+    assert pd["loss_metrics"][0]["coeff"] == 3e-3  # the rest of the built-in recipe
     # A non-empty run dir is refused (exit 2), the run left as it was.
     before = (run_dir / "metrics.jsonl").read_text()
     assert main(argv) == 2
@@ -53,6 +57,16 @@ def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
         ("toy: tms_5_2\n", ["target.n_features=7"], "target.n_features"),
         ("toy: tms_5_2\n", ["pd.lr=0.1"], "pd.lr"),
         ("toy: tms_5_2\n", ["pd.steps=0"], "pd.steps"),
+        ("toy: tms_5_2\n", ["pd.decomposition_targets[0].C=0"], "pd.decomposition_targets[0].C"),
+        ("toy: tms_5_2\n", ["pd.loss_metrics[0].coeff=-1"], "pd.loss_metrics[0].coeff"),
+        ("toy: tms_5_2\n", ["pd.components.lr=fast"], "pd.components.lr"),
+        (
+            "toy: tms_5_2\npd: {decomposition_targets: [{module_pattern: layers.1.*, C: 4}]}\n",
+            [],
+            "pd.decomposition_targets[0].module_pattern",
+        ),
+        ("toy: resid_mlp1\n", ["target.type=tms"], "target.type"),
+        ("toy: resid_mlp1\n", ["target.d_mlp=10"], "target.d_mlp"),
         ("toy: tms_5_2\nsteps: 3\n", [], "steps"),
         ("toy: tms_9_9\n", [], "toy"),
     ],

@@ -270,8 +270,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from pd_train import toy_cli
     from pd_train.compile import compile_all, format_compile_table
 
+    if args.config is not None and toy_cli.is_toy_config(args.config):  # builtin:tms_5_2
+        if args.record is not None:
+            return _fail("--record is not supported for a toy config")
+        print(format_compile_table(toy_cli.compile_toy(args.config, args.overrides)))
+        return 0
     rows = compile_all(
         config_source(args.config), args.overrides, record=args.record, progress=sys.stderr
     )

@@ -6,11 +6,14 @@ again)::
     toy: tms_5_2            # a built-in toy: its target, shipped weights and recipe
     seed: 0                 # the decomposition's run key
     target: {type: tms, n_features: 5, n_hidden: 2, n_hidden_layers: 0, tied_weights: true}
-    pd: {steps: 2000, batch_size: 256}
+    pd: {steps: 2000, batch_size: 256, ...}   # the decomposition recipe: a full PDConfig
     log_every: 100          # steps between loss records in metrics.jsonl
 
-``target`` describes the shipped weights and must agree with them (it is checked, not applied);
-``pd.steps`` and ``pd.batch_size`` may change. ``pd-train run`` delegates here when its config
+``target`` describes the shipped weights and must agree with them (it is checked, not applied).
+``pd`` is the toy's recipe (:class:`~pd_train.config.PDConfig`, the same fields as a Llama run's
+``pd`` section): what the file or ``--set`` gives replaces the built-in values (``--set
+pd.decomposition_targets[0].C=40``, ``pd.loss_metrics[0].coeff=1e-3``, ``pd.components.lr``),
+and bad fields are named by their path. ``pd-train run`` delegates here when its config
 is ``builtin:<toy>`` or a YAML file with a top-level ``toy`` key; the decomposition runs through
 :func:`pd_train.targets.toys.decompose` (the same Trainer and step as a Llama run), not through
 :mod:`pd_train.run`'s token-data loop. The run dir gets ``config.yaml``, ``metrics.jsonl`` (loss
@@ -27,11 +30,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_toy_config", "load_toy_config", "pretrain_toy_cli", "run_toy_cli"]
+__all__ = [
+    "compile_toy",
+    "is_toy_config",
+    "load_toy_config",
+    "pretrain_toy_cli",
+    "run_toy_cli",
+    "toy_pd_config",
+]
 
 _TOP_KEYS = ("toy", "seed", "target", "pd", "log_every")
-_PD_KEYS = ("steps", "batch_size")
-_TARGET_TYPES = ("tms",)
+_TARGET_TYPES = ("tms", "resid_mlp")
 
 
 def _toy_names() -> list[str]:
@@ -59,16 +68,38 @@ def is_toy_config(value: str) -> bool:
 def _defaults(name: str) -> dict[str, Any]:
     import attrs
 
+    from pd_train._config_io import unstructure
     from pd_train.targets.toys import toy_config
 
     toy = toy_config(name)
     return {
         "toy": name,
         "seed": 0,
-        "target": {"type": "tms", **attrs.asdict(toy.target)},
-        "pd": {"steps": toy.pd.steps, "batch_size": toy.pd.batch_size},
+        "target": {"type": toy.target_type, **attrs.asdict(toy.target)},
+        "pd": unstructure(toy.pd),
         "log_every": max(1, toy.pd.steps // 20),
     }
+
+
+def toy_pd_config(raw: dict[str, Any], *, source: str | None = None) -> Any:
+    """The resolved config's ``pd`` section as a checked :class:`~pd_train.config.PDConfig`
+    (its patterns matched against the toy's sites); ConfigError with ``pd.``-paths."""
+    from pd_train._config_io import ConfigError, structure
+    from pd_train.config import PDConfig, check_pd_config
+    from pd_train.decomposition import build_decomposition
+    from pd_train.targets.toys import make_target, toy_config
+
+    try:
+        pd = structure(raw["pd"], PDConfig)
+        check_pd_config(pd, path="pd")
+        build_decomposition(make_target(toy_config(raw["toy"])), pd.decomposition_targets)
+    except ConfigError as exc:
+        problems = [
+            (p if p.startswith("pd.") or p == "pd" else f"pd.{p}" if p else "pd", m)
+            for p, m in exc.problems
+        ]
+        raise ConfigError(problems, source=source) from None
+    return pd
 
 
 def _positive(value: Any) -> bool:
@@ -111,17 +142,8 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
             problems.append((key, f"got {seed!r}; must be an int >= 0"))
     if not _positive(raw["log_every"]):
         problems.append(("log_every", f"got {raw['log_every']!r}; must be an int >= 1"))
-    pd = raw["pd"]
-    if not isinstance(pd, dict):
-        problems.append(("pd", f"got {pd!r}; must be a mapping with {', '.join(_PD_KEYS)}"))
-    else:
-        for key, val in pd.items():
-            if key not in _PD_KEYS:
-                problems.append(
-                    (f"pd.{key}", f"not settable for a toy; a toy's pd has {', '.join(_PD_KEYS)}")
-                )
-            elif not _positive(val):
-                problems.append((f"pd.{key}", f"got {val!r}; must be an int >= 1"))
+    if not isinstance(raw["pd"], dict):
+        problems.append(("pd", f"got {raw['pd']!r}; must be a mapping (a PDConfig)"))
     target, shipped = raw["target"], _defaults(name)["target"]
     if not isinstance(target, dict):
         problems.append(("target", f"got {target!r}; must be a mapping"))
@@ -130,6 +152,9 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
         if kind not in _TARGET_TYPES:
             allowed = ", ".join(_TARGET_TYPES)
             problems.append(("target.type", f"unknown target kind {kind!r}; have {allowed}"))
+        elif kind != shipped["type"]:
+            msg = f"got {kind!r}; {name} is a {shipped['type']} target"
+            problems.append(("target.type", msg))
         for key, val in target.items():
             if key not in shipped:
                 problems.append((f"target.{key}", f"unknown field; have {', '.join(shipped)}"))
@@ -143,6 +168,7 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
                 )
     if problems:
         raise ConfigError(problems, source=source)
+    toy_pd_config(raw, source=source)
     return raw
 
 
@@ -179,39 +205,25 @@ def run_toy_cli(
 ) -> tuple[Path, str]:
     """Decompose a toy into ``run_dir`` (refused if it already holds files); returns the run dir
     and the summary text."""
-    import attrs
     import jax
     import numpy as np
     import yaml
 
     from pd_train._config_io import ConfigError
-    from pd_train.targets.tms import TMSTarget
-    from pd_train.targets.toys import (
-        decompose,
-        ground_truth_metrics,
-        one_hot_ci,
-        plot_permuted_ci,
-        plot_tms_directions,
-        toy_config,
-        toy_weights,
-    )
+    from pd_train.targets.toys import run_toy
 
     raw = load_toy_config(value, overrides)
     name = raw["toy"]
+    pd = toy_pd_config(raw)
     run_dir = run_dir or _new_run_dir(name)
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ConfigError(
             [("--run-dir", f"{run_dir} exists and is not empty; toy runs are not resumed")]
         )
-    toy = toy_config(name)
-    pd = attrs.evolve(toy.pd, **raw["pd"])
-    target = TMSTarget(config=toy.target)
-    weights = toy_weights(name)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     every = raw["log_every"]
-    start = time.perf_counter()
     with (run_dir / "metrics.jsonl").open("w") as log:
 
         def on_step(i: int, metrics: dict[str, Any]) -> None:
@@ -220,27 +232,18 @@ def run_toy_cli(
                 log.write(json.dumps(record) + "\n")
                 log.flush()
 
-        trainer, state = decompose(
-            target,
-            weights,
-            pd,
+        result, ci, _ = run_toy(
+            name,
             seed=raw["seed"],
-            feature_probability=toy.feature_probability,
-            mode=toy.mode,
+            pd=pd,
             on_step=on_step,
             max_steps=n_steps,
+            plots=run_dir / "plots",
         )
-        jax.block_until_ready(state.params)
-        elapsed = time.perf_counter() - start
-        ci = one_hot_ci(trainer, state.params, weights, toy.target.n_features)
-        gt = ground_truth_metrics(ci)
+        gt = {k: v for k, v in result.items() if k.startswith("gt/")}
         eval_record = {"step": n_steps - 1, "eval": True, **gt}
         log.write(json.dumps(eval_record) + "\n")
-    plots = run_dir / "plots"
-    plot_permuted_ci(ci, plots / f"{name}_permuted_ci.png")
-    if toy.target.n_hidden == 2:
-        comps = jax.device_get(state.params["components"])
-        plot_tms_directions(weights, comps, ci, plots / f"{name}_directions.png")
+    elapsed = result["time_s"]
     summary = {
         "toy": name,
         "steps": n_steps,
@@ -252,11 +255,16 @@ def run_toy_cli(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"{name}: {n_steps} steps in {elapsed:.1f} s ({n_steps / elapsed:.1f} steps/s)"]
     for site in ci:
-        recovered = "yes" if gt[f"gt/recovered/{site}"] else "no"
-        lines.append(
-            f"  {site}: alive {gt[f'gt/alive/{site}']:.0f}, identity-CI error "
-            f"{gt[f'gt/identity_ci_error/{site}']:.3f}, recovered {recovered}"
-        )
+        line = f"  {site}: alive {gt[f'gt/alive/{site}']:.0f}"
+        if f"gt/recovered/{site}" in gt:
+            recovered = "yes" if gt[f"gt/recovered/{site}"] else "no"
+            line += (
+                f", identity-CI error {gt[f'gt/identity_ci_error/{site}']:.3f}, features "
+                f"recovered {gt[f'gt/features_recovered/{site}']:.0%}, all {recovered}"
+            )
+        else:
+            line += " (dense: no one-component-per-feature ground truth)"
+        lines.append(line)
     lines.append(f"run dir: {run_dir}")
     text = "\n".join(lines) + "\n"
     (run_dir / "summary.txt").write_text(text)
@@ -275,6 +283,7 @@ def pretrain_toy_cli(
     from pd_train._config_io import ConfigError
     from pd_train.targets.toys import (
         _weights_path,
+        flat_weights,
         load_weights,
         pretrain_toy,
         save_weights,
@@ -296,10 +305,7 @@ def pretrain_toy_cli(
     text = f"{name}: final loss {loss:.6g}"
     same = True
     if shipped is not None:
-        new = {"b_final": np.asarray(params["b_final"])}
-        new.update({f"layers.{k}": np.asarray(v) for k, v in params["layers"].items()})
-        old = {"b_final": shipped["b_final"]}
-        old.update({f"layers.{k}": v for k, v in shipped["layers"].items()})
+        new, old = flat_weights(params), flat_weights(shipped)
         same = new.keys() == old.keys() and all(np.array_equal(new[k], old[k]) for k in old)
         verdict = "identical to" if same else "DIFFERENT from"
         text += f"; {verdict} the shipped weights ({shipped_path.name})"
@@ -308,3 +314,40 @@ def pretrain_toy_cli(
         save_weights(params, target)
         text += f"; wrote {target}"
     return text, same
+
+
+def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
+    """``pd-train compile`` of a toy config: lower and compile the jits a toy run compiles
+    (init, optimizer init, the faithfulness warmup if configured, the train step on a batch
+    [pd.batch_size, 1, n_features] of fp32 features) on abstract inputs; one
+    :class:`~pd_train.compile.CompileRow` each (no FLOP census: it is Llama-only)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pd_train.compile import CompileRow, _memory
+    from pd_train.step import Trainer
+    from pd_train.targets.toys import make_target, toy_config
+
+    raw = load_toy_config(value, overrides)
+    pd = toy_pd_config(raw)
+    toy = toy_config(raw["toy"])
+    trainer = Trainer(make_target(toy), pd)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    batch = jax.ShapeDtypeStruct((pd.batch_size, 1, toy.target.n_features), jnp.float32)
+    jits = [
+        *trainer.init_lowerings(key=key),
+        ("opt_init", trainer.lower_opt_init),
+    ]
+    if pd.faithfulness_warmup.steps:
+        jits.append(("faithfulness_warmup", lambda: trainer.lower_warmup(jnp.float32)))
+    state, target = trainer.abstract_state(), trainer.abstract_target(jnp.float32)
+    jits.append(("train_step", lambda: trainer._train_step.lower(state, target, batch, key)))
+    rows = []
+    for name, lower in jits:
+        t0 = time.perf_counter()
+        lowered = lower()
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled)))
+    return rows

@@ -40,6 +40,12 @@ from pd_train.config import (
 )
 from pd_train.squash import lower_leaky_hard
 from pd_train.step import Trainer, TrainState, step_key
+from pd_train.targets.resid_mlp import (
+    ResidMLPConfig,
+    ResidMLPTarget,
+    pretrain_resid_mlp,
+    resid_mlp_features,
+)
 from pd_train.targets.tms import DataMode, TMSConfig, TMSTarget, pretrain, sparse_features
 
 __all__ = [
@@ -47,9 +53,12 @@ __all__ = [
     "ToyConfig",
     "alive_components",
     "decompose",
+    "features_recovered",
+    "flat_weights",
     "ground_truth_metrics",
     "identity_ci_error",
     "load_weights",
+    "make_target",
     "one_hot_ci",
     "permuted_ci",
     "plot_permuted_ci",
@@ -59,6 +68,7 @@ __all__ = [
     "run_toy",
     "save_weights",
     "toy_config",
+    "toy_data",
     "toy_weights",
 ]
 
@@ -115,12 +125,30 @@ def recovers_identity(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1) -> b
     )
 
 
-def ground_truth_metrics(ci_by_site: dict[str, np.ndarray]) -> dict[str, float]:
-    """``gt/alive/{site}``, ``gt/identity_ci_error/{site}`` and ``gt/recovered/{site}`` (0/1)."""
+def features_recovered(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1) -> np.ndarray:
+    """[F] bool: feature i activates exactly one component above ``on`` and no other above
+    ``off``, and no other feature's top component is the same one; ci [F, C]."""
+    top = ci.argmax(axis=1)
+    rest = ci.copy()
+    rest[np.arange(ci.shape[0]), top] = 0.0
+    shared = np.bincount(top, minlength=ci.shape[1])[top] > 1
+    return (ci.max(axis=1) > on) & (rest <= off).all(axis=1) & ~shared
+
+
+def ground_truth_metrics(
+    ci_by_site: dict[str, np.ndarray], identity_sites: tuple[str, ...] | None = None
+) -> dict[str, float]:
+    """``gt/alive/{site}`` for every site; for the sites whose known mechanism is one component
+    per feature (``identity_sites``, default all): ``gt/identity_ci_error/{site}``,
+    ``gt/features_recovered/{site}`` (fraction of features, :func:`features_recovered`) and
+    ``gt/recovered/{site}`` (0/1, every feature)."""
     out: dict[str, float] = {}
     for name, ci in ci_by_site.items():
         out[f"gt/alive/{name}"] = float(alive_components(ci))
+        if identity_sites is not None and name not in identity_sites:
+            continue
         out[f"gt/identity_ci_error/{name}"] = identity_ci_error(ci)
+        out[f"gt/features_recovered/{name}"] = float(features_recovered(ci).mean())
         out[f"gt/recovered/{name}"] = float(recovers_identity(ci))
     return out
 
@@ -146,7 +174,8 @@ def decompose(
     ``trainer``: reuse one built for the same target and ``pd`` (and its compiled step).
     ``data(key=, batch_size=, n_features=, feature_probability=)``: the batch source (default
     :func:`~pd_train.targets.tms.sparse_features` with ``mode``). ``max_steps``: stop after
-    that many steps (the schedule stays that of ``pd.steps``).
+    that many steps (the schedule stays that of ``pd.steps``). ``pd.faithfulness_warmup``
+    steps (if any) run before step 0.
     """
     if trainer is None:
         trainer = Trainer(target, pd)
@@ -170,6 +199,8 @@ def decompose(
         )
 
     target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
+    if pd.faithfulness_warmup.steps:
+        state, _ = trainer.faithfulness_warmup(state, target_params)
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     for i in range(n_steps):
         state, metrics = trainer.train_step(
@@ -255,10 +286,14 @@ def plot_tms_directions(
 
 @attrs.frozen(kw_only=True)
 class ToyConfig:
-    """A built-in toy: the target, how it was pretrained, and its decomposition recipe."""
+    """A built-in toy: the target, how it was pretrained, and its decomposition recipe.
+
+    ``identity_sites``: the sites whose known mechanism is one component per feature (None:
+    every site). A residual MLP's ``mlp_out`` is not one of them: it reads the d_mlp neurons,
+    so about d_mlp dense components are expected there, not one per feature."""
 
     name: str
-    target: TMSConfig
+    target: TMSConfig | ResidMLPConfig
     feature_probability: float
     mode: DataMode
     pretrain_seed: int
@@ -266,17 +301,33 @@ class ToyConfig:
     pretrain_batch_size: int
     pretrain_lr: float
     pd: PDConfig
+    identity_sites: tuple[str, ...] | None = None
+
+    @property
+    def target_type(self) -> str:
+        """``tms`` or ``resid_mlp``."""
+        return "tms" if isinstance(self.target, TMSConfig) else "resid_mlp"
 
 
-def _tms_pd(*, steps: int, batch_size: int, C: int, lr: float, im_coeff: float) -> PDConfig:
-    opt = OptimizerConfig(lr=lr, final_val_frac=0.0)
+def _toy_pd(
+    *,
+    steps: int,
+    batch_size: int,
+    C: int,
+    lr: float,
+    im_coeff: float,
+    pnorm: float = 1.0,
+    pattern: str = "layers.0.*",
+    final_lr_frac: float = 0.0,
+) -> PDConfig:
+    opt = OptimizerConfig(lr=lr, final_val_frac=final_lr_frac)
     return PDConfig(
         steps=steps,
         batch_size=batch_size,
-        decomposition_targets=(DecompositionTarget(module_pattern="layers.0.*", C=C),),
+        decomposition_targets=(DecompositionTarget(module_pattern=pattern, C=C),),
         ci=MLPCI(hidden_dims=(16,)),
         loss_metrics=(
-            ImportanceMinimality(coeff=im_coeff, pnorm_start=1.0, pnorm_end=1.0),
+            ImportanceMinimality(coeff=im_coeff, pnorm_start=pnorm, pnorm_end=pnorm),
             StochasticRecon(coeff=1.0),
             # One site per chunk, routed at every position: layerwise stochastic recon.
             ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=1),
@@ -296,7 +347,29 @@ TOYS: dict[str, ToyConfig] = {
         pretrain_steps=3000,
         pretrain_batch_size=1024,
         pretrain_lr=5e-3,
-        pd=_tms_pd(steps=2000, batch_size=256, C=20, lr=1e-2, im_coeff=3e-3),
+        pd=_toy_pd(steps=2000, batch_size=256, C=20, lr=1e-2, im_coeff=3e-3),
+    ),
+    # 100 ReLUs computed by 50 neurons in a 1000-dim residual stream. mlp_in reads the features:
+    # one component per feature; mlp_out reads the neurons: about d_mlp dense components.
+    "resid_mlp1": ToyConfig(
+        name="resid_mlp1",
+        target=ResidMLPConfig(n_features=100, d_embed=1000, d_mlp=50, n_layers=1),
+        feature_probability=0.01,
+        mode="at_least_zero_active",
+        pretrain_seed=0,
+        pretrain_steps=1000,
+        pretrain_batch_size=2048,
+        pretrain_lr=3e-3,
+        pd=_toy_pd(
+            steps=2000,
+            batch_size=512,
+            C=100,
+            lr=4e-3,
+            im_coeff=1e-3,
+            pnorm=2.0,
+            pattern="layers.*",
+        ),
+        identity_sites=("layers.0.mlp_in",),
     ),
 }
 
@@ -308,63 +381,102 @@ def toy_config(name: str) -> ToyConfig:
     return TOYS[name]
 
 
+def make_target(toy: ToyConfig) -> TMSTarget | ResidMLPTarget:
+    """The toy's :class:`~pd_train.targets.Target`."""
+    if isinstance(toy.target, TMSConfig):
+        return TMSTarget(config=toy.target)
+    return ResidMLPTarget(config=toy.target)
+
+
+def toy_data(toy: ToyConfig) -> Callable[..., jax.Array]:
+    """The toy's batch source for :func:`decompose` (``data=``)."""
+    if isinstance(toy.target, TMSConfig):
+        return functools.partial(sparse_features, mode=toy.mode)
+    return resid_mlp_features
+
+
 def _weights_path(name: str) -> Path:
     return Path(__file__).parent / "assets" / f"{name}.npz"
 
 
 def pretrain_toy(toy: ToyConfig) -> tuple[dict[str, Any], float]:
     """Reproduce the toy's shipped target weights (deterministic from ``pretrain_seed``)."""
-    return pretrain(
-        TMSTarget(config=toy.target),
+    if isinstance(toy.target, TMSConfig):
+        return pretrain(
+            TMSTarget(config=toy.target),
+            seed=toy.pretrain_seed,
+            steps=toy.pretrain_steps,
+            batch_size=toy.pretrain_batch_size,
+            lr=toy.pretrain_lr,
+            feature_probability=toy.feature_probability,
+            mode=toy.mode,
+        )
+    return pretrain_resid_mlp(
+        ResidMLPTarget(config=toy.target),
         seed=toy.pretrain_seed,
         steps=toy.pretrain_steps,
         batch_size=toy.pretrain_batch_size,
         lr=toy.pretrain_lr,
         feature_probability=toy.feature_probability,
-        mode=toy.mode,
     )
 
 
-def save_weights(params: Any, path: Path) -> None:
-    flat = {"b_final": np.asarray(params["b_final"])}
+def flat_weights(params: Any) -> dict[str, np.ndarray]:
+    """Target params as ``{name: array}``: top-level arrays, then ``layers.{kind}``."""
+    flat = {k: np.asarray(v) for k, v in params.items() if k != "layers"}
     flat.update({f"layers.{k}": np.asarray(v) for k, v in params["layers"].items()})
+    return flat
+
+
+def save_weights(params: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        np.savez(f, **flat)  # type: ignore[arg-type]
+        np.savez(f, **flat_weights(params))  # type: ignore[arg-type]
 
 
 def load_weights(path: Path) -> dict[str, Any]:
     """Target params saved by :func:`save_weights` (the shipped toy weights)."""
     with np.load(path) as f:
-        layers = {k.split(".", 1)[1]: f[k] for k in f.files if k.startswith("layers.")}
-        return {"layers": layers, "b_final": f["b_final"]}
+        params: dict[str, Any] = {k: f[k] for k in f.files if not k.startswith("layers.")}
+        params["layers"] = {k.split(".", 1)[1]: f[k] for k in f.files if k.startswith("layers.")}
+        return params
 
 
 def toy_weights(name: str) -> dict[str, Any]:
     """The shipped pretrained weights of the built-in toy ``name``."""
     path = _weights_path(toy_config(name).name)
     if not path.exists():
-        msg = f"toy weights {path} missing; run python -m pd_train.targets.toys pretrain {name}"
+        msg = f"toy weights {path} missing; run pd-train pretrain builtin:{name}"
         raise FileNotFoundError(msg)
     return load_weights(path)
 
 
 def run_toy(
-    name: str, *, seed: int = 0, steps: int | None = None, plots: Path | None = None
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    name: str,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    plots: Path | None = None,
+    pd: PDConfig | None = None,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    max_steps: int | None = None,
+) -> tuple[dict[str, float], dict[str, np.ndarray], Any]:
     """Decompose the built-in toy ``name`` from its shipped weights; returns the ground-truth
-    metrics (plus ``time_s``, ``steps_per_s``, final losses) and the one-hot CI per site.
-    ``plots``: a directory for ``{name}_permuted_ci.png`` (and ``{name}_directions.png`` for a
-    TMS target with 2 hidden dims)."""
+    metrics (plus ``time_s``, ``steps_per_s``, final losses), the one-hot CI per site and the
+    trained decomposition params. ``pd``: another recipe (default the toy's; ``steps``
+    replaces its step count). ``plots``: a directory for ``{name}_permuted_ci.png`` (and
+    ``{name}_directions.png`` for a TMS target with 2 hidden dims)."""
     toy = toy_config(name)
-    pd = toy.pd if steps is None else attrs.evolve(toy.pd, steps=steps)
-    target = TMSTarget(config=toy.target)
+    pd = pd or toy.pd
+    pd = pd if steps is None else attrs.evolve(pd, steps=steps)
+    target = make_target(toy)
     weights = toy_weights(name)
     last: dict[str, Any] = {}
 
     def keep(i: int, metrics: dict[str, Any]) -> None:
-        del i
         last.update(metrics)
+        if on_step is not None:
+            on_step(i, metrics)
 
     start = time.perf_counter()
     trainer, state = decompose(
@@ -373,22 +485,24 @@ def run_toy(
         pd,
         seed=seed,
         feature_probability=toy.feature_probability,
-        mode=toy.mode,
+        data=toy_data(toy),
         on_step=keep,
+        max_steps=max_steps,
     )
     jax.block_until_ready(state.params)
     elapsed = time.perf_counter() - start
+    n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     ci = one_hot_ci(trainer, state.params, weights, toy.target.n_features)
-    metrics = ground_truth_metrics(ci)
+    metrics = ground_truth_metrics(ci, toy.identity_sites)
     metrics.update({k: float(v) for k, v in last.items() if k.startswith("loss/")})
     metrics["time_s"] = elapsed
-    metrics["steps_per_s"] = pd.steps / elapsed
+    metrics["steps_per_s"] = n_steps / elapsed
     if plots is not None:
         plot_permuted_ci(ci, plots / f"{name}_permuted_ci.png")
-        if toy.target.n_hidden == 2:
+        if isinstance(toy.target, TMSConfig) and toy.target.n_hidden == 2:
             comps = jax.device_get(state.params["components"])
             plot_tms_directions(weights, comps, ci, plots / f"{name}_directions.png")
-    return metrics, ci
+    return metrics, ci, state.params
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         save_weights(params, out)
         print(f"{toy.name}: final loss {loss:.6g}; wrote {out}")
         return 0
-    metrics, ci = run_toy(args.name, seed=args.seed, steps=args.steps, plots=args.plots)
+    metrics, ci, _ = run_toy(args.name, seed=args.seed, steps=args.steps, plots=args.plots)
     for site, values in ci.items():
         print(f"{site}: one-hot CI [features, alive components]")
         print(np.array2string(values[:, values.max(axis=0) > 0.1], precision=2))
