@@ -97,8 +97,8 @@ def recon_batch_metrics(
     components[kind]: {"V": [n_k, d_in, C], "U": [n_k, C, d_out]}; ci_lower[kind]:
     [n_k, B, T, C]; key: the batch's eval key (the stochastic mask folds it per site as the
     eval's masked forward does); clean_stream: the clean residual stream [L + 1, B, T, hidden]
-    of :class:`pd_train._forward.CleanRunner` (then the scan starts at the first decomposed
-    layer) or None (it starts at the embedding).
+    of :class:`pd_train._forward.CleanRunner` (the paired scan starts from its entry to the first
+    decomposed layer) or None (the layers before it run frozen from the embedding first).
     """
 
     def under_mask(mode: jax.Array) -> dict[str, Any]:
