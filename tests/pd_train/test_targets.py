@@ -15,7 +15,14 @@ from pd_train.losses.recon import mse_clean_masked
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.targets import LlamaTarget, as_target
 from pd_train.targets.tms import TMSConfig, TMSTarget, sparse_features
-from pd_train.targets.toys import identity_ci_error, permuted_ci, recovers_identity, toy_config
+from pd_train.targets.toys import (
+    features_recovered,
+    ground_truth_metrics,
+    identity_ci_error,
+    permuted_ci,
+    recovers_identity,
+    toy_config,
+)
 
 TMS = TMSTarget(config=TMSConfig(n_features=5, n_hidden=2, n_hidden_layers=1))
 
@@ -119,3 +126,16 @@ def test_identity_metrics() -> None:
     matrix, comps = permuted_ci(leaky)
     assert comps == [4, 0, 2, 1]  # assigned components first (in feature order), then alive
     np.testing.assert_array_equal(matrix[:, :3], np.eye(3))
+
+
+def test_features_recovered_and_dense_sites() -> None:
+    ci = np.zeros((4, 6))
+    ci[[0, 1, 2, 3], [4, 0, 2, 2]] = 0.9  # features 2 and 3 share component 2
+    ci[1, 5] = 0.3  # feature 1 also turns on component 5
+    np.testing.assert_array_equal(features_recovered(ci), [True, False, False, False])
+    metrics = ground_truth_metrics({"a": ci, "b": ci}, identity_sites=("a",))
+    assert metrics["gt/features_recovered/a"] == 0.25
+    assert metrics["gt/recovered/a"] == 0.0
+    assert metrics["gt/alive/b"] == 4.0
+    assert sorted(k for k in metrics if k.endswith("/b")) == ["gt/alive/b"]  # dense: alive only
+    assert "gt/features_recovered/b" in ground_truth_metrics({"b": ci})  # default: every site

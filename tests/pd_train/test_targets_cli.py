@@ -100,3 +100,12 @@ def test_pretrain_check_takes_no_out(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["pretrain", "builtin:tms_5_2", "--check", "--out", str(out)]) == 2
     assert "--check writes nothing" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_compile_takes_a_toy_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compile", "builtin:tms_5_2", "--set", "pd.batch_size=4"]) == 0
+    out = capsys.readouterr().out
+    for jit in ("init_params", "opt_init", "train_step"):
+        assert f"| {jit} |" in out
+    assert main(["compile", "builtin:tms_5_2", "--set", "pd.decomposition_targets[0].C=0"]) == 2
+    assert "pd.decomposition_targets[0].C" in capsys.readouterr().err
