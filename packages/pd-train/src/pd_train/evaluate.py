@@ -69,6 +69,7 @@ def batch_metrics(
     (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None.
     """
     spec = trainer.forward_spec
+    target = trainer.gather_head(target)  # one gathered LM head for every forward below
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
     clean = CleanRunner(spec, target, tokens)
     clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)

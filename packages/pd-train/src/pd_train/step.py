@@ -87,6 +87,17 @@ def _group_name(path: Any) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
+@jax.custom_vjp
+def _grad_to(value: Any, sink: Any) -> Any:
+    """``value`` unchanged (no copy); in the backward, its cotangent goes to ``sink`` (a tree of
+    the same shapes whose values are unused) and none to ``value``."""
+    del sink
+    return value
+
+
+_grad_to.defvjp(lambda value, sink: (value, None), lambda _, g: (None, g))
+
+
 def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
     """The key of step ``step``: ``fold_in(run_key, step)``."""
     return jax.random.fold_in(run_key, step)
@@ -483,6 +494,17 @@ class Trainer:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings
         )
 
+    def gather_head(self, target: Any) -> Any:
+        """The target with its LM head gathered once (replicated), for every forward of a jit to
+        share: left FSDP-sharded, each unembed gathered its own copy, and XLA kept the copies of
+        the clean forward, the PGD ascents, the recon scans and their backward live at once
+        (six 2 GiB copies per device at Llama-3-8B on 64 devices, docs/findings.md section 8).
+        Values are unchanged; without a mesh, or with tied embeddings, the target as given."""
+        if self.layout is None or "lm_head" not in target:
+            return target
+        head = jax.lax.with_sharding_constraint(target["lm_head"], self.layout.replicated())
+        return {**target, "lm_head": head}
+
     def batch_sharding(self, shape: tuple[int, ...]) -> Any:
         return None if self.layout is None else self.layout.batch(shape, name="batch")
 
@@ -496,6 +518,7 @@ class Trainer:
         key: jax.Array,
         adversary: Mapping[str, Any] | None = None,
         source_offset: Mapping[str, jax.Array] | None = None,
+        source_sink: Mapping[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, "pnorm": p}``.
 
@@ -504,10 +527,16 @@ class Trainer:
         ``n_warmup_steps`` ascents (params and CI detached), then the term uses them plus
         ``source_offset`` (zeros of the sources' shapes: its gradient is the sources'
         gradient); aux gets ``"adversary"``, the warmed sources and optimizer state.
+        ``source_sink`` (any arrays of the sources' shapes; their values are unused): the term
+        uses the warmed sources as they are, and the gradient w.r.t. ``source_sink`` is theirs —
+        the same gradient as ``source_offset``'s without materializing a zero offset and a
+        second copy of the sources (two source-sized buffers, ~9 GiB per device at the
+        production topology; docs/findings.md section 8).
         """
         pd = self.pd
         dt = self.compute_dtype
         comps = jax.tree_util.tree_map(lambda a: a.astype(dt), params["components"])
+        target = self.gather_head(target)
         needs_ci = any(not isinstance(t, Faithfulness) for t in pd.loss_metrics)
         aux: dict[str, Any] = {"terms": {}}
         if needs_ci:
@@ -546,6 +575,8 @@ class Trainer:
             ppgd_sources = warmed
             if source_offset is not None:
                 ppgd_sources = {k: v + source_offset[k] for k, v in warmed.items()}
+            elif source_sink is not None:
+                ppgd_sources = _grad_to(warmed, source_sink)
         total = jnp.zeros((), jnp.float32)
         for i, term in enumerate(pd.loss_metrics):
             term_key = jax.random.fold_in(key, i)
@@ -593,12 +624,13 @@ class Trainer:
                 state.params, target, tokens, state.step, key
             )
         else:
-            # One backward: the zero offset's gradient is the warmed sources' gradient, which
-            # the final ascent uses unscaled (divided by the term's coeff).
-            offset = jax.tree_util.tree_map(jnp.zeros_like, state.adversary["sources"])
+            # One backward: the sink's gradient is the warmed sources' gradient, which the
+            # final ascent uses unscaled (divided by the term's coeff). Any arrays of the
+            # sources' shapes serve as the sink: the state's sources, already in memory.
+            sink = state.adversary["sources"]
             (total, aux), (grads, source_grads) = jax.value_and_grad(
-                self.loss, argnums=(0, 6), has_aux=True
-            )(state.params, target, tokens, state.step, key, state.adversary, offset)
+                self.loss, argnums=(0, 7), has_aux=True
+            )(state.params, target, tokens, state.step, key, state.adversary, None, sink)
             coeff = self.pd.loss_metrics[self.ppgd_index].coeff  # type: ignore[index]
             lr = self.ppgd.lr(state.step)
             sources, source_opt = self.ppgd.ascend(
