@@ -49,6 +49,16 @@ def add_parsers(subparsers: Any) -> None:
         help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
     )
     p.add_argument("--simulate-devices", type=int, metavar="N", help="N simulated CPU devices")
+    p.add_argument(
+        "--distributed",
+        choices=("none", "slurm", "explicit"),
+        default="none",
+        help="process layout, as for `pd-train run` (process 0 writes the table)",
+    )
+    p.add_argument("--coordinator", help="HOST:PORT of process 0 (--distributed explicit)")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--process-per", choices=("node", "device"), default="node")
 
     p = subparsers.add_parser(
         "report",
@@ -95,7 +105,22 @@ def _fail(message: str) -> int:
 
 def analyze(args: argparse.Namespace) -> int:
     from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
+    from pd_train.distributed import DistributedError, resolve_placement
 
+    try:
+        placement = resolve_placement(
+            args.distributed,
+            coordinator=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            process_per=args.process_per,
+        )
+    except DistributedError as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # pd-launch's SlurmStepError: not inside an srun step
+        if type(exc).__name__ == "SlurmStepError":
+            return _fail(f"--distributed slurm: {exc}")
+        raise
     try:
         table = analyze_run(
             args.run_dir,
@@ -104,9 +129,12 @@ def analyze(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             threshold=args.threshold,
             window=args.window,
+            placement=placement,
         )
     except AnalysisError as exc:
         return _fail(str(exc))
+    if not placement.is_primary:
+        return 0  # process 0 writes the table
     step = table.metadata["checkpoint_step"]
     out = args.out or analysis_path(args.run_dir, step)
     write_table(table, out)

@@ -160,14 +160,18 @@ def analyze_run(
     threshold: float | None = None,
     window: int = 8,
     progress: bool = True,
+    placement: Any = None,
 ) -> ComponentTable:
     """Harvest ``n_batches`` eval batches with the decomposition of ``run_dir`` at step
     ``checkpoint`` (default: the latest) and return the component table.
 
     threshold: ci_lower above it counts as active (default: the run's ``pd.l0_threshold``).
-    window: context tokens on each side of an activation. Raises :class:`AnalysisError` for a
-    run dir without a config or checkpoint, and ``ConfigError`` for a config it cannot read,
-    before anything is computed.
+    window: context tokens on each side of an activation. placement: this process's
+    :class:`pd_train.distributed.Placement` (default one process): with several, every process
+    reads its rows of each eval batch into the global batch (as ``pd-train run`` does), and
+    every process gets the same table (the caller writes it on process 0 only). Raises
+    :class:`AnalysisError` for a run dir without a config or checkpoint, and ``ConfigError``
+    for a config it cannot read, before anything is computed.
     """
     from pd_train.data import Batches, TokenDataset
     from pd_train.distributed import Placement
@@ -184,7 +188,8 @@ def analyze_run(
         if not 0.0 <= threshold < 1.0:
             msg = f"pd.l0_threshold is {threshold}; give --threshold in [0, 1)"
             raise AnalysisError(msg)
-    rt = start_runtime(prepared, Placement())
+    placement = placement or Placement()
+    rt = start_runtime(prepared, placement)
     trainer = rt.trainer
     target = _load_target(prepared, trainer)
     params = _restore_params(run_dir / "checkpoints", step, trainer.abstract_state().params)
@@ -194,21 +199,31 @@ def analyze_run(
         dtype=config.data.dtype,
         vocab_size=prepared.model.vocab_size,
     )
-    # The eval stream of the run (the same seed as its evaluations), on one process.
-    batches = Batches(
-        eval_data,
-        batch_size=config.pd.batch_size,
-        seed=config.seed + 1,
-        process_index=0,
-        process_count=1,
-    )
+
+    # The eval stream of the run (the same seed as its evaluations): this process's rows of
+    # each global batch for the harvest; whole batches for the contexts.
+    def stream(process_index: int, process_count: int) -> Batches:
+        return Batches(
+            eval_data,
+            batch_size=config.pd.batch_size,
+            seed=config.seed + 1,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
     from pd_train.analysis.harvest import Harvester
 
     harvester = Harvester(trainer, threshold=threshold, top_k=top_k, window=window)
+    local = stream(placement.process_id, placement.num_processes)
     result = harvester.run(
-        params, target, batches.batch, n_batches=n_batches, mesh=rt.mesh, progress=progress
+        params,
+        target,
+        local.batch,
+        n_batches=n_batches,
+        mesh=rt.mesh,
+        progress=progress and placement.is_primary,
     )
-    table = build_table(result, trainer.decomposition, batches.batch, vocab=vocab)
+    table = build_table(result, trainer.decomposition, stream(0, 1).batch, vocab=vocab)
     table.metadata.update(run_dir=str(run_dir.absolute()), checkpoint_step=step)
     return table
 

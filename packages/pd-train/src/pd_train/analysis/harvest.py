@@ -45,19 +45,23 @@ def init_harvest_state(
     """The empty state {kind: {...}} (see the module docstring) for a decomposition's kinds;
     placed with ``sharding`` (e.g. replicated on the mesh) when given."""
     width = 2 * window + 1
-    state: State = {}
-    for layout in decomposition.kinds:
-        n, c = len(layout.layers), layout.C
-        state[layout.kind] = {
-            "active": np.zeros((n, c), np.int32),
-            "ci_sum": np.zeros((n, c), np.float32),
-            "top_ci": np.full((n, c, top_k), -np.inf, np.float32),
-            "top_where": np.full((n, c, top_k, 3), -1, np.int32),
-            "top_window": np.full((n, c, top_k, width), np.nan, np.float32),
-        }
-    if sharding is None:
-        return jax.tree.map(jnp.asarray, state)
-    return jax.device_put(state, sharding)
+
+    def empty() -> State:
+        state: State = {}
+        for layout in decomposition.kinds:
+            n, c = len(layout.layers), layout.C
+            state[layout.kind] = {
+                "active": jnp.zeros((n, c), jnp.int32),
+                "ci_sum": jnp.zeros((n, c), jnp.float32),
+                "top_ci": jnp.full((n, c, top_k), -jnp.inf, jnp.float32),
+                "top_where": jnp.full((n, c, top_k, 3), -1, jnp.int32),
+                "top_window": jnp.full((n, c, top_k, width), jnp.nan, jnp.float32),
+            }
+        return state
+
+    # Made on the devices by a jit: a host array with NaNs cannot be device_put onto several
+    # processes (their equality check fails on NaN != NaN).
+    return jax.jit(empty, out_shardings=sharding)()
 
 
 def _batch_top_k(
@@ -229,7 +233,8 @@ class Harvester:
         mesh: Any = None,
         progress: bool = True,
     ) -> HarvestResult:
-        """Harvest ``batch(0) … batch(n_batches − 1)`` (each [B, T] token rows on the host).
+        """Harvest ``batch(0) … batch(n_batches − 1)`` (each [B, T] token rows on the host;
+        with several processes, this process's rows of the global batch, assembled on ``mesh``).
 
         One batch is in flight at a time: the next batch is read on the host while the device
         works, then the loop waits, so neither device nor host memory grows with ``n_batches``.
@@ -246,15 +251,14 @@ class Harvester:
                 return jnp.asarray(rows)
             return pd_sharding.global_batch(rows, mesh)
 
-        first = np.asarray(batch(0))
-        shape = (int(first.shape[0]), int(first.shape[1]))
+        tokens = place(np.asarray(batch(0)))
+        shape = (int(tokens.shape[0]), int(tokens.shape[1]))  # the global batch
         if n_batches * shape[0] * shape[1] >= 2**31:
             msg = f"n_batches {n_batches} × batch {shape} is 2**31 tokens or more; use fewer"
             raise ValueError(msg)
         bar = _Bar(n_batches, tokens_per_batch=shape[0] * shape[1], enabled=progress)
         started = time.perf_counter()
         state = self.init_state()
-        tokens = place(first)
         for i in range(n_batches):
             state = self._step(state, params, target, tokens, self._index(i))
             if i + 1 < n_batches:
