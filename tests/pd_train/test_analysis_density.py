@@ -62,3 +62,23 @@ def test_run_summary_and_plots_show_density(
     caplog.set_level(logging.INFO, logger="pd_train.outputs")
     assert plot_density(records[:2], tmp_path / "none") == []
     assert f"skipping {DENSITY_PLOT}" in caplog.text
+
+
+def test_slow_eval_recon_plot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pd_train.analysis.recon_plot import RECON_PLOT, plot_recon
+
+    record: dict = {"step": 9, "phase": "eval"}
+    sites = ["layers.0.mlp.down_proj", "layers.1.self_attn.q_proj", "layers.1.mlp.down_proj"]
+    for mask, scale in (("ci", 1.0), ("stochastic", 2.0)):
+        for i, s in enumerate(sites):
+            record[f"hidden_mse_{mask}/{s}"] = scale * 10.0 ** -(i + 1)
+        for layer in range(2):
+            record[f"attn_kl_{mask}/layers.{layer}"] = scale * layer * 0.01
+    records = [*_records(), record]
+    paths = write_plots(records, tmp_path / "plots")
+    assert tmp_path / "plots" / RECON_PLOT in paths
+    data = (tmp_path / "plots" / RECON_PLOT).read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5_000
+    caplog.set_level(logging.INFO, logger="pd_train.outputs")
+    assert plot_recon(_records(), tmp_path / "none") == []
+    assert f"skipping {RECON_PLOT}" in caplog.text

@@ -46,7 +46,9 @@ def _file_png(path: Path) -> str:
 
 
 def _curves(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(title, PNG data URI) of the training-loss and eval curves, drawn by pd_train.outputs."""
+    """(title, PNG data URI) of the training-loss and eval curves (drawn by pd_train.outputs)
+    and of the last slow eval's recon per site and layer, when the run has one."""
+    from pd_train.analysis.recon_plot import plot_recon
     from pd_train.outputs import plot_eval_curves, plot_loss_curves
 
     out = []
@@ -54,6 +56,10 @@ def _curves(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
         for title, plot in (
             ("Training losses", plot_loss_curves),
             ("Evaluation", plot_eval_curves),
+            (
+                "Slow-eval recon (hidden activations per site, attention patterns per layer)",
+                plot_recon,
+            ),
         ):
             for path in plot(records, tmp):
                 out.append((title, _file_png(path)))

@@ -326,7 +326,21 @@ def plot_density(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
     return plot(records, out_dir)
 
 
-PLOTS = (plot_loss_curves, plot_eval_curves, plot_l0, plot_ci_histograms, plot_density)
+def plot_recon(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
+    """``recon_per_site.png``: :func:`pd_train.analysis.recon_plot.plot_recon`."""
+    from pd_train.analysis.recon_plot import plot_recon as plot
+
+    return plot(records, out_dir)
+
+
+PLOTS = (
+    plot_loss_curves,
+    plot_eval_curves,
+    plot_l0,
+    plot_ci_histograms,
+    plot_density,
+    plot_recon,
+)
 
 
 def write_plots(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
