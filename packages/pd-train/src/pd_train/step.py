@@ -87,17 +87,6 @@ def _group_name(path: Any) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
-@jax.custom_vjp
-def _grad_to(value: Any, sink: Any) -> Any:
-    """``value`` unchanged (no copy); in the backward, its cotangent goes to ``sink`` (a tree of
-    the same shapes whose values are unused) and none to ``value``."""
-    del sink
-    return value
-
-
-_grad_to.defvjp(lambda value, sink: (value, None), lambda _, g: (None, g))
-
-
 def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
     """The key of step ``step``: ``fold_in(run_key, step)``."""
     return jax.random.fold_in(run_key, step)
@@ -518,7 +507,6 @@ class Trainer:
         key: jax.Array,
         adversary: Mapping[str, Any] | None = None,
         source_offset: Mapping[str, jax.Array] | None = None,
-        source_sink: Mapping[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, "pnorm": p}``.
 
@@ -527,11 +515,6 @@ class Trainer:
         ``n_warmup_steps`` ascents (params and CI detached), then the term uses them plus
         ``source_offset`` (zeros of the sources' shapes: its gradient is the sources'
         gradient); aux gets ``"adversary"``, the warmed sources and optimizer state.
-        ``source_sink`` (any arrays of the sources' shapes; their values are unused): the term
-        uses the warmed sources as they are, and the gradient w.r.t. ``source_sink`` is theirs —
-        the same gradient as ``source_offset``'s without materializing a zero offset and a
-        second copy of the sources (two source-sized buffers, ~9 GiB per device at the
-        production topology; docs/findings.md section 8).
         """
         pd = self.pd
         dt = self.compute_dtype
@@ -575,8 +558,6 @@ class Trainer:
             ppgd_sources = warmed
             if source_offset is not None:
                 ppgd_sources = {k: v + source_offset[k] for k, v in warmed.items()}
-            elif source_sink is not None:
-                ppgd_sources = _grad_to(warmed, source_sink)
         total = jnp.zeros((), jnp.float32)
         for i, term in enumerate(pd.loss_metrics):
             term_key = jax.random.fold_in(key, i)
@@ -624,13 +605,13 @@ class Trainer:
                 state.params, target, tokens, state.step, key
             )
         else:
-            # One backward: the sink's gradient is the warmed sources' gradient, which the
-            # final ascent uses unscaled (divided by the term's coeff). Any arrays of the
-            # sources' shapes serve as the sink: the state's sources, already in memory.
-            sink = state.adversary["sources"]
+            # One backward: the zero offset's gradient is the warmed sources' gradient, which
+            # the final ascent uses unscaled (divided by the term's coeff). XLA folds the zero
+            # add away (no zero buffer, no second copy of the sources: measured).
+            offset = jax.tree_util.tree_map(jnp.zeros_like, state.adversary["sources"])
             (total, aux), (grads, source_grads) = jax.value_and_grad(
-                self.loss, argnums=(0, 7), has_aux=True
-            )(state.params, target, tokens, state.step, key, state.adversary, None, sink)
+                self.loss, argnums=(0, 6), has_aux=True
+            )(state.params, target, tokens, state.step, key, state.adversary, offset)
             coeff = self.pd.loss_metrics[self.ppgd_index].coeff  # type: ignore[index]
             lr = self.ppgd.lr(state.step)
             sources, source_opt = self.ppgd.ascend(
