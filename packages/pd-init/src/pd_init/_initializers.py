@@ -93,9 +93,13 @@ class Normal:
         return _jitted_draw(self, key, tuple(shape), jnp.dtype(dtype))
 
     def draw(self, key: jax.Array, shape: Shape, dtype: Any) -> jax.Array:
+        return self.from_unit(_unit_uniform(key, shape, dtype), dtype)
+
+    def from_unit(self, unit: jax.Array, dtype: Any) -> jax.Array:
+        """The values, elementwise, from ``unit``: U[0, 1) as ``jax.random.uniform`` draws it."""
         lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype), dtype=dtype)
         lo, hi, scale, mean = opaque(dtype, float(lo), 1.0, math.sqrt(2.0) * self.std, self.mean)
-        u = jnp.maximum(lo, _unit_uniform(key, shape, dtype) * (hi - lo) + lo)
+        u = jnp.maximum(lo, unit * (hi - lo) + lo)
         return jax.lax.erf_inv(u) * scale + mean
 
     def check_dtype(self, dtype: Any) -> str | None:
@@ -143,6 +147,10 @@ class TruncatedNormal:
         return _jitted_draw(self, key, tuple(shape), jnp.dtype(dtype))
 
     def draw(self, key: jax.Array, shape: Shape, dtype: Any) -> jax.Array:
+        return self.from_unit(_unit_uniform(key, shape, dtype), dtype)
+
+    def from_unit(self, unit: jax.Array, dtype: Any) -> jax.Array:
+        """The values, elementwise, from ``unit``: U[0, 1) as ``jax.random.uniform`` draws it."""
         sqrt2 = math.sqrt(2.0)
         lo = np.nextafter(np.array(self.lower, dtype), np.array(np.inf, dtype), dtype=dtype)
         hi = np.nextafter(np.array(self.upper, dtype), np.array(-np.inf, dtype), dtype=dtype)
@@ -156,7 +164,7 @@ class TruncatedNormal:
             self.std,
             self.mean,
         )
-        u = jnp.maximum(a, _unit_uniform(key, shape, dtype) * (b - a) + a)
+        u = jnp.maximum(a, unit * (b - a) + a)
         z = jnp.minimum(jnp.maximum(jax.lax.erf_inv(u) * root2, clip_lo), clip_hi)
         return z * std + mean
 
@@ -198,8 +206,12 @@ class Uniform:
         return _jitted_draw(self, key, tuple(shape), jnp.dtype(dtype))
 
     def draw(self, key: jax.Array, shape: Shape, dtype: Any) -> jax.Array:
+        return self.from_unit(_unit_uniform(key, shape, dtype), dtype)
+
+    def from_unit(self, unit: jax.Array, dtype: Any) -> jax.Array:
+        """The values, elementwise, from ``unit``: U[0, 1) as ``jax.random.uniform`` draws it."""
         low, high = opaque(dtype, self.low, self.high)
-        return jnp.maximum(low, _unit_uniform(key, shape, dtype) * (high - low) + low)
+        return jnp.maximum(low, unit * (high - low) + low)
 
     def check_dtype(self, dtype: Any) -> str | None:
         low, high = _in_dtype(self.low, dtype), _in_dtype(self.high, dtype)

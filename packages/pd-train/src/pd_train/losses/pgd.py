@@ -244,7 +244,11 @@ class PersistentPGD:
             group_shardings = (
                 None if shardings is None else {f"ppgd.{k}": s for k, s in shardings.items()}
             )
-            self._plan = pd_init.InitPlan(self.specs(), group_shardings=group_shardings)
+            # "merged": the kinds differ only in C + 1, so one loop and one threefry kernel
+            # draw a layer's sources of every kind (the per-array reference's values).
+            self._plan = pd_init.InitPlan(
+                self.specs(), group_shardings=group_shardings, draw="merged"
+            )
         return self._plan
 
     def init_sources(self, *, key: jax.Array) -> Sources:
