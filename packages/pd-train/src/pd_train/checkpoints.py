@@ -7,6 +7,9 @@ Every process calls :meth:`Checkpoints.save` and :meth:`Checkpoints.restore`; or
 process's shards and coordinates the commit. Restoring takes abstract targets whose leaves
 carry shardings on the *current* mesh, so a checkpoint restores onto any device count that
 divides the arrays.
+
+Orbax is imported, and its manager started, on first use (a save, a restore, a listing): its
+import costs about a second that a run should not spend before its first step.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 
 ITEMS = ("decomposition", "training")
 
@@ -25,21 +27,31 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpoints:
-    """The checkpoint directory of one run (``RUN_DIR/checkpoints``)."""
+    """The checkpoint directory of one run (``RUN_DIR/checkpoints``); orbax's manager starts
+    (and creates the directory) on first use."""
 
     def __init__(self, directory: str | Path, *, keep_last_n: int = 2) -> None:
         if keep_last_n < 1:
             msg = f"keep_last_n must be >= 1, got {keep_last_n}"
             raise ValueError(msg)
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep_last_n,
-            create=True,
-            # Saves are synchronous: a SIGTERM save must be on disk before the process exits,
-            # and resume-equality tests compare against what was written.
-            enable_async_checkpointing=False,
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self.keep_last_n = keep_last_n
+        self._started: Any = None
+
+    @property
+    def _manager(self) -> Any:
+        if self._started is None:
+            import orbax.checkpoint as ocp
+
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep_last_n,
+                create=True,
+                # Saves are synchronous: a SIGTERM save must be on disk before the process
+                # exits, and resume-equality tests compare against what was written.
+                enable_async_checkpointing=False,
+            )
+            self._started = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        return self._started
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -49,6 +61,8 @@ class Checkpoints:
 
     def save(self, step: int, *, decomposition: Any, training: Any) -> None:
         """Write both items for ``step`` (a no-op if ``step`` is already saved)."""
+        import orbax.checkpoint as ocp
+
         if step in self._manager.all_steps():
             return
         args = ocp.args.Composite(
@@ -66,6 +80,8 @@ class Checkpoints:
         ``decomposition`` and ``training`` are pytrees of ``jax.ShapeDtypeStruct`` with
         ``sharding`` set; returns ``(decomposition, training, step)``.
         """
+        import orbax.checkpoint as ocp
+
         if step is None:
             step = self.latest_step()
         if step is None:
@@ -82,7 +98,9 @@ class Checkpoints:
         return restored.decomposition, restored.training, step
 
     def close(self) -> None:
-        self._manager.close()
+        if self._started is not None:
+            self._started.close()
+            self._started = None
 
     def __enter__(self) -> Checkpoints:
         return self

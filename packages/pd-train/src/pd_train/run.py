@@ -615,8 +615,18 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     )
     with recorder:
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
-        # ---- target weights, straight into their shardings
         dtype = _target_dtype(config)
+        # The train step compiles (or loads) in a thread while the target loads, the state
+        # initializes and the faithfulness warmup runs.
+        step_program = StepProgram(
+            trainer,
+            target_dtype=dtype,
+            recorder=recorder,
+            cache_dir=cache_dir,
+            announce=primary,
+        )
+        step_program.start()
+        # ---- target weights, straight into their shardings
         abstract_target = trainer.abstract_target(dtype)
         shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
         with recorder.phase("load_target"):
@@ -715,7 +725,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             is_primary=primary,
             log_every=config.cadence.train_log_every,
         )
-        mfu = flops.MFUMeter.for_trainer(trainer, seq_len=config.data.seq_len)
+        # Built after the attempt's first step is logged: its one-time work (the census, and on
+        # a CPU the measured matmul peak, about a second) must not delay the first step.
+        mfu: Any = None
         stopped_early = False
         evaluated = False
         step = start_step
@@ -727,10 +739,10 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 trace.before_step(step)
             if step == start_step:
                 with recorder.phase("train_step"):
-                    state, metrics = trainer.train_step(state, target, tokens, key)
+                    state, metrics = step_program(state, target, tokens, key)
                     jax.block_until_ready(metrics)
             else:
-                state, metrics = trainer.train_step(state, target, tokens, key)
+                state, metrics = step_program(state, target, tokens, key)
             if trace is not None:
                 trace.after_step(step)
             # Records carry the 0-based index of the finished step; a checkpoint at step
@@ -739,9 +751,13 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             step += 1
             if step % config.cadence.train_log_every == 0 or step in (start_step + 1, steps):
                 host = trainer.metrics_to_host(metrics)
-                host.update(mfu.measure(done))  # useful TFLOP/s per device and MFU
+                if mfu is not None:
+                    host.update(mfu.measure(done))  # useful TFLOP/s per device and MFU
                 metrics_log.log(done, "train", host)
                 progress.update(done, host)
+                if mfu is None:
+                    mfu = flops.MFUMeter.for_trainer(trainer, seq_len=config.data.seq_len)
+                    mfu.measure(done)  # the baseline: the first step's compile is not counted
             else:
                 progress.update(done)
             if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
@@ -797,6 +813,127 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         summary=summary,
         stop_signal=stop.stop_signal if stopped_early else None,
     )
+
+
+class StepProgram:
+    """The train step, compiled ahead of time in a background thread; call it like the step.
+
+    :meth:`start` lowers and compiles the step on the run's abstract state, target, batch and
+    key (:meth:`Trainer.lower_step`: the shardings the loop passes) while the main thread loads
+    the target, initializes the state and runs the faithfulness warmup; JAX's persistent cache
+    applies as before. With the compile cache on (in a single-process run) the compiled
+    program is also kept in an :class:`pd_train.runtime_env.ExecutableCache` beside it, keyed
+    by the step's configs, pd's source and the environment, so that a later launch loads it
+    without tracing or lowering. If building fails, or the program refuses the first step's
+    arguments, the step falls back to the trainer's jit (compiled at its first call) with a
+    warning.
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        *,
+        target_dtype: Any,
+        recorder: Any,
+        cache_dir: Path | None,
+        announce: bool = False,
+    ) -> None:
+        from pd_train.runtime_env import EXECUTABLES_DIR, ExecutableCache, source_digest
+
+        self.trainer = trainer
+        self.target_dtype = target_dtype
+        self.recorder = recorder
+        self.announce = announce
+        self.cache = (
+            ExecutableCache(cache_dir / EXECUTABLES_DIR)
+            if cache_dir is not None and ExecutableCache.usable()
+            else None
+        )
+        #: ``hit`` (loaded from the executable cache), ``miss`` (compiled and stored), ``off``.
+        self.outcome = "off" if self.cache is None else "miss"
+        self.compiled: Any = None
+        self.error: BaseException | None = None
+        self._thread: Any = None
+        self._joined = False
+        # The source as imported (read right after the imports): a file edited while this run
+        # starts changes the digest read after the compile, and nothing is stored.
+        self._source = source_digest() if self.cache is not None else ""
+
+    def key(self) -> str:
+        from pd_train.runtime_env import program_key
+
+        t = self.trainer
+        mesh = None if t.mesh is None else (dict(t.mesh.shape), t.mesh.devices.tolist())
+        # The step's static inputs; its abstract arguments follow from them and the source.
+        return program_key(
+            "train_step", t.model, t.pd, t.runtime, t.seq_len, t.compiler_options, mesh,
+            str(self.target_dtype), source=self._source,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        import threading
+
+        self._thread = threading.Thread(target=self._build, name="pd-train-step", daemon=True)
+        self._thread.start()
+
+    def _build(self) -> None:
+        import sys
+
+        from pd_train.runtime_env import source_digest
+
+        try:
+            with self.recorder.phase("train_step"):
+                key = self.key() if self.cache is not None else ""
+                if self.cache is not None:
+                    t0 = time.perf_counter()
+                    self.compiled = self.cache.load(key)
+                    if self.compiled is not None:
+                        self.outcome = "hit"
+                        if self.announce:
+                            seconds = time.perf_counter() - t0
+                            print(
+                                f"loading train_step (executable cache)… {seconds:.1f} s",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                        return
+                lowered = self.trainer.lower_step(
+                    batch_size=self.trainer.pd.batch_size,
+                    seq_len=self.trainer.seq_len,
+                    target_dtype=self.target_dtype,
+                )
+                self.compiled = lowered.compile()
+                if self.cache is not None and source_digest() == self._source:
+                    self.cache.store(key, self.compiled)
+        except Exception as exc:  # reported at the first step, which falls back to the jit
+            self.error = exc
+
+    def _join(self) -> None:
+        self._thread.join()
+        self._joined = True
+        self.recorder.note(train_step_executable_cache=self.outcome)
+        if self.compiled is None:
+            log.warning(
+                "train step: the ahead-of-time compile failed (%s: %s); compiling at the first "
+                "call instead",
+                type(self.error).__name__,
+                self.error,
+            )
+
+    def __call__(self, state: Any, target: Any, tokens: Any, key: Any) -> Any:
+        if not self._joined:
+            self._join()
+            if self.compiled is not None:
+                try:
+                    return self.compiled(state, target, tokens, key)
+                except (TypeError, ValueError) as exc:
+                    # The loop's arguments drifted from the trainer's abstract layout (a bug);
+                    # the jit still runs the step.
+                    log.warning("train step: the compiled program refused the arguments: %s", exc)
+                    self.compiled = None
+        if self.compiled is None:
+            return self.trainer.train_step(state, target, tokens, key)
+        return self.compiled(state, target, tokens, key)
 
 
 def _tracker(config: Config, run_dir: Path) -> Any:

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -101,6 +102,139 @@ def configure_compile_cache(
     from jax._src import compilation_cache
 
     compilation_cache.reset_cache()
+
+
+#: The executable cache's folder inside the persistent compile cache's directory.
+EXECUTABLES_DIR = "executables"
+
+#: The packages whose Python source is traced into pd's programs: any change to a file of
+#: theirs changes every executable-cache key.
+TRACED_PACKAGES = ("pd_train", "pd_sharding", "pd_init")
+
+#: Installed distributions whose versions enter every executable-cache key.
+KEYED_DISTRIBUTIONS = ("jax", "jaxlib", "optax", "numpy", "ml_dtypes")
+
+
+def _source_digest(packages: tuple[str, ...]) -> str:
+    """sha256 over the path and bytes of every ``.py`` file of ``packages`` (a few ms)."""
+    import hashlib
+    import importlib
+
+    digest = hashlib.sha256()
+    for name in packages:
+        root = Path(importlib.import_module(name).__file__ or "").parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def source_digest() -> str:
+    """sha256 of the source of :data:`TRACED_PACKAGES` as it is on disk now."""
+    return _source_digest(TRACED_PACKAGES)
+
+
+def program_key(name: str, *parts: Any, source: str | None = None) -> str:
+    """A hex key for the program ``name`` built from ``parts`` (reprs of its static inputs:
+    configs, abstract arguments) in this environment: the traced packages' source
+    (``source``, a :func:`source_digest`; read now if None), the versions of jax and the
+    libraries it traces, the backend and its devices, ``XLA_FLAGS``, and JAX's configuration.
+    Equal keys mean the same traced program on the same backend."""
+    import hashlib
+    import importlib.metadata
+    import sys
+
+    versions = []
+    for dist in KEYED_DISTRIBUTIONS:
+        try:
+            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist} absent")
+    devices = jax.devices()
+    config = sorted(
+        (k, repr(v))
+        for k, v in jax.config.values.items()
+        if isinstance(v, str | int | float | bool | type(None))
+    )
+    context = [
+        name,
+        sys.version,
+        versions,
+        source_digest() if source is None else source,
+        devices[0].client.platform,
+        devices[0].client.platform_version,
+        [(d.id, d.device_kind, d.process_index) for d in devices],
+        jax.process_count(),
+        os.environ.get("XLA_FLAGS", ""),
+        config,
+        [repr(p) for p in parts],
+    ]
+    return hashlib.sha256(repr(context).encode()).hexdigest()
+
+
+class ExecutableCache:
+    """Compiled programs serialized to ``directory``, one file per :func:`program_key`.
+
+    JAX's persistent cache keys a program by its lowered module, so even a hit traces and
+    lowers it first (seconds for the train step); this cache keys it by what it was traced
+    from, so a hit only loads the executable. For one process only (a multi-process program
+    is compiled by every process together): :meth:`usable` says whether it applies. Loading
+    runs code from the file (as JAX's own cache does): keep the directory private.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    @staticmethod
+    def usable() -> bool:
+        """Whether this process may use the cache: a single-process run."""
+        return jax.process_count() == 1
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.jaxexe"
+
+    def load(self, key: str) -> Any:
+        """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
+        a damaged file is logged and ignored, and the program compiles again)."""
+        import pickle
+
+        from jax.experimental import serialize_executable
+
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        try:
+            device_ids, (payload, in_tree, out_tree) = pickle.loads(path.read_bytes())
+            by_id = {d.id: d for d in jax.devices()}
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids]
+            )
+        except Exception as exc:  # a truncated or foreign file: compile instead
+            log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
+            return None
+
+    def store(self, key: str, compiled: Any) -> bool:
+        """Write ``compiled`` under ``key`` (atomically); False if it cannot be serialized."""
+        import pickle
+
+        from jax.experimental import serialize_executable
+
+        try:
+            # The program's devices in its own order (its arguments' device assignment).
+            shardings = jax.tree.leaves(compiled.input_shardings)
+            devices = shardings[0]._device_assignment if shardings else jax.devices()
+            payload = pickle.dumps(
+                ([d.id for d in devices], serialize_executable.serialize(compiled))
+            )
+        except Exception as exc:  # an executable that does not serialize: keep it in memory
+            log.warning("executable cache: not storing %s (%s)", key[:12], exc)
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self._path(key)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+        return True
 
 
 class TraceWindow:

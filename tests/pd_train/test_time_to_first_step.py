@@ -1,0 +1,93 @@
+"""What a run does before its first step: the executable cache that lets a warm launch skip
+tracing and lowering the step, and the imports a run must not pay for before step 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pd_train.runtime_env import ExecutableCache, program_key, source_digest
+
+
+def _compiled() -> jax.stages.Compiled:
+    def step(state: dict[str, jax.Array], x: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+        w = state["w"] + x.sum()
+        return {"w": w}, jnp.tanh(x @ w)
+
+    shapes = (
+        {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)},
+        jax.ShapeDtypeStruct((2, 4), jnp.float32),
+    )
+    return jax.jit(step, donate_argnums=0).lower(*shapes).compile()
+
+
+def test_executable_cache_round_trip_gives_the_same_program(tmp_path: Path) -> None:
+    cache = ExecutableCache(tmp_path / "executables")
+    key = program_key("toy", "config-a")
+    assert cache.load(key) is None  # nothing stored yet
+    compiled = _compiled()
+    assert cache.store(key, compiled)
+    loaded = cache.load(key)
+    assert loaded is not None
+    x = jnp.arange(8, dtype=jnp.float32).reshape(2, 4) / 8
+    w = np.eye(4, dtype=np.float32)
+    expected = compiled({"w": jnp.asarray(w)}, x)
+    got = loaded({"w": jnp.asarray(w)}, x)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(expected[1]))
+    np.testing.assert_array_equal(np.asarray(got[0]["w"]), np.asarray(expected[0]["w"]))
+    # The loaded program checks its arguments like the compiled one: another shape is refused.
+    with pytest.raises((TypeError, ValueError)):
+        loaded({"w": jnp.ones((4, 4))}, jnp.ones((3, 4)))
+
+
+def test_a_damaged_entry_is_ignored_not_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = ExecutableCache(tmp_path)
+    key = program_key("toy", "config-b")
+    cache.store(key, _compiled())
+    path = tmp_path / f"{key}.jaxexe"
+    path.write_bytes(path.read_bytes()[:1000])  # a write cut short
+    with caplog.at_level("WARNING", logger="pd_train"):
+        assert cache.load(key) is None
+    assert "ignoring" in caplog.text and path.name in caplog.text
+
+
+def test_program_key_follows_inputs_and_source() -> None:
+    source = source_digest()
+    key = program_key("train_step", "pd-config", 64, source=source)
+    assert key == program_key("train_step", "pd-config", 64, source=source)
+    assert key == program_key("train_step", "pd-config", 64)  # the source read now: the same
+    assert key != program_key("train_step", "pd-config", 65, source=source)
+    assert key != program_key("eval", "pd-config", 64, source=source)
+    assert key != program_key("train_step", "pd-config", 64, source="edited")
+
+
+def test_a_run_imports_no_orbax_or_matplotlib_before_its_first_step() -> None:
+    """Everything `pd-train run` imports up to step 0 (checkpoints are written after it, plots
+    at the end): orbax costs about a second to import, matplotlib more."""
+    code = (
+        "import sys\n"
+        "import pd_train.cli, pd_train.run, pd_train.step, pd_train.evaluate, pd_train.flops\n"
+        "import pd_train.data, pd_train.outputs, pd_probe\n"
+        "from pd_train.checkpoints import Checkpoints\n"
+        "Checkpoints(sys.argv[1])\n"
+        "print(sorted(m for m in ('orbax', 'orbax.checkpoint', 'matplotlib', 'pandas')"
+        " if m in sys.modules))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "/nonexistent/ckpt"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
