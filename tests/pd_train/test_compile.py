@@ -16,13 +16,21 @@ def test_compile_reports_every_jit_without_weights_or_data(tmp_path: Path, capsy
     config = tiny_config(tmp_path, tmp_path / "cache")
     config["data"]["path"] = None  # compile needs no data, and no weights (random target)
     config["cadence"]["eval_every"] = 4
+    config["cadence"]["slow_eval_every"] = 8  # the slow eval is a jit of its own
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     record = tmp_path / "compile.json"
     assert main(["compile", str(path), "--record", str(record)]) == 0
     captured = capsys.readouterr()
     out = captured.out
-    jits = ("init_params", "opt_init", "faithfulness_warmup", "train_step", "eval_metrics")
+    jits = (
+        "init_params",
+        "opt_init",
+        "faithfulness_warmup",
+        "train_step",
+        "eval_metrics",
+        "slow_eval_metrics",
+    )
     for jit in jits:
         assert f"| {jit} |" in out, out
     recorded = json.loads(record.read_text())

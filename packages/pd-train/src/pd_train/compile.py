@@ -82,6 +82,19 @@ def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
                 ),
             )
         )
+        if config.cadence.slow_eval_every:
+            jits.append(
+                (
+                    "slow_eval_metrics",
+                    lambda: evaluate.lower_eval(
+                        trainer,
+                        batch_size=config.pd.batch_size,
+                        seq_len=config.data.seq_len,
+                        target_dtype=target_dtype,
+                        slow=True,
+                    ),
+                )
+            )
     return jits
 
 
