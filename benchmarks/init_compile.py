@@ -21,8 +21,10 @@ kind), compile only. Prints ``ci init compile speedup at <n> chunks: N.Nx``.
 Then persistent PGD's sources (``--sources-layers``, 0 skips it): pd-train's ``PersistentPGD``
 sources of every site at ``--sources-layers`` layers, scope ``bsc`` (``[B, T, C + 1]`` per site,
 B = 128, T = 512, batch-sharded over the 8 devices), U[0, 1); per-array reference (one output
-per site) vs stacked (one output per kind), compile only. Prints ``sources init compile speedup
-at <sites> sites: N.Nx``.
+per site) vs stacked (one output per kind; pd-train's plan, ``draw="merged"``), compile only,
+and the stacks under ``draw="map"`` for comparison. Prints ``sources init compile speedup at
+<sites> sites: N.Nx``. With 8 devices each device holds 8x the stacks it holds at the production
+topology (64 GPUs); ``XLA_FLAGS=--xla_force_host_platform_device_count=64`` gives that layout.
 """
 
 from __future__ import annotations
@@ -361,9 +363,28 @@ def sources_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_ke
     def stacked() -> None:
         plan.stacked_fn.lower(key=abstract_key).compile()
 
+    map_plan = pd_init.InitPlan(
+        plan.specs, group_shardings={g.name: g.sharding for g in plan.groups}, draw="map"
+    )
+
+    def stacked_map() -> None:  # the same stacks, one loop and one draw per group
+        map_plan.stacked_fn.lower(key=abstract_key).compile()
+
     ref = timed(per_array, budget_s=args.budget, max_repeats=args.repeats)
     stk = timed(stacked, budget_s=args.budget, max_repeats=args.repeats)
+    stk_map = timed(stacked_map, budget_s=args.budget, max_repeats=args.repeats)
     sites = len(ppgd.specs())
+    largest = max(
+        int(np.prod(g.sharding.shard_shape(g.stacked_shape), dtype=np.int64)) for g in plan.groups
+    )
+    print(
+        f"sources stacked draw={plan.draw} ({len(plan.merged)} merged set(s) of "
+        f"{[len(m) for m in plan.merged]} groups): {stk.wall:.2f}s wall {stk.cpu:.2f}s cpu; "
+        f"draw=map {stk_map.wall:.2f}s wall {stk_map.cpu:.2f}s cpu; per-array / map "
+        f"{ref.wall / stk_map.wall:.1f}x wall {ref.cpu / stk_map.cpu:.1f}x cpu; largest stack "
+        f"{largest / 1e9:.2f} G values per device on {len(jax.devices())} devices"
+        + (" (over 2**31: XLA:CPU indexes it in 64 bits)" if largest >= 2**31 else "")
+    )
     print(
         f"persistent PGD sources (bsc, B 128 × T 512, {n_values / 1e9:.1f} G values): {sites} "
         f"arrays in {len(plan.groups)} stacks; per-array {ref.wall:.2f}s wall {ref.cpu:.2f}s cpu, "
