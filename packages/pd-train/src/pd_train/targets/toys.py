@@ -33,6 +33,7 @@ from pd_train.config import (
     MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,
+    FaithfulnessWarmup,
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
@@ -348,6 +349,21 @@ TOYS: dict[str, ToyConfig] = {
         pretrain_batch_size=1024,
         pretrain_lr=5e-3,
         pd=_toy_pd(steps=2000, batch_size=256, C=20, lr=1e-2, im_coeff=3e-3),
+    ),
+    # 40 features in 10 hidden dims (tied weights, zero-initialised bias, as spd's 40-10).
+    "tms_40_10": ToyConfig(
+        name="tms_40_10",
+        target=TMSConfig(n_features=40, n_hidden=10),
+        feature_probability=0.05,
+        mode="at_least_zero_active",
+        pretrain_seed=0,
+        pretrain_steps=5000,
+        pretrain_batch_size=2048,
+        pretrain_lr=5e-3,
+        pd=attrs.evolve(
+            _toy_pd(steps=3000, batch_size=512, C=80, lr=5e-3, im_coeff=5e-4),
+            faithfulness_warmup=FaithfulnessWarmup(steps=200, lr=1e-2),
+        ),
     ),
     # 100 ReLUs computed by 50 neurons in a 1000-dim residual stream. mlp_in reads the features:
     # one component per feature; mlp_out reads the neurons: about d_mlp dense components.
