@@ -87,6 +87,16 @@ def _group_name(path: Any) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
+def _site_map(fn: Callable[[jax.Array], jax.Array], stacks: Mapping[str, jax.Array]) -> Any:
+    """``{kind: lax.map(fn, stack)}``: ``fn`` gets one site's [1, B, T, C] at a time and returns
+    [1] (or [1, ...]); out [n_k] (or [n_k, ...]).
+
+    Memory: L0's compare over every site's CI at once made XLA:CPU materialize a CI-sized fp32
+    buffer (B·T·ΣC·4 bytes: 4.75 GiB per device at Llama-3-8B on 64 devices), alive at the train
+    step's peak; per site, only one site's slice is (docs/findings.md section 8)."""
+    return {k: jax.lax.map(lambda x: fn(x[None])[0], v) for k, v in stacks.items()}
+
+
 def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
     """The key of step ``step``: ``fold_in(run_key, step)``."""
     return jax.random.fold_in(run_key, step)
@@ -527,7 +537,7 @@ class Trainer:
             clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
             ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
             ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
-            aux["l0"] = l0(ci_lower, pd.l0_threshold)
+            aux["l0"] = _site_map(lambda c: l0({"s": c}, pd.l0_threshold)["s"], ci_lower)
         ppgd_sources = None
         if self.ppgd is not None:
             if not adversary:
