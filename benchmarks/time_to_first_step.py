@@ -2,7 +2,8 @@
 
 Launches `pd-train run` twice as fresh processes on the same config (the embedded default,
 shortened: no eval, a short warmup, 2 steps) and reads step 0's wall-clock time from the run's
-metrics.jsonl. Prints a table and, last:
+metrics.jsonl, and the launch's CPU seconds by then (from /proc; on a shared machine the figure
+that does not depend on the other load). Prints a table and, last:
 
     time to first step: cold C.Cs, warm W.Ws, warm/cold R.RR
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -19,7 +21,33 @@ import time
 from pathlib import Path
 
 
-def first_step_seconds(config: str, cache: Path, out: Path, overrides: list[str]) -> float:
+def _cpu_seconds(pid: int) -> float | None:
+    """user + system CPU seconds of a running process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _step0_time(metrics: Path) -> float | None:
+    if not metrics.exists():
+        return None
+    for line in metrics.read_text().splitlines():
+        if not line.endswith("}"):
+            continue  # a record being written
+        record = json.loads(line)
+        if record["phase"] == "train" and record["step"] == 0:
+            return float(record["time"])
+    return None
+
+
+def first_step_seconds(
+    config: str, cache: Path, out: Path, overrides: list[str]
+) -> tuple[float, float | None, float]:
+    """(wall seconds from launch to the end of step 0, the process's CPU seconds by then,
+    the process's CPU seconds in all). The machine may be shared: CPU seconds are what the
+    launch itself spent, an upper bound of its wall time on an idle machine with one thread."""
     run_dir = out / f"run-{len(list(out.iterdir()))}"
     args = [
         sys.executable, "-m", "pd_train.cli", "run", config,
@@ -28,10 +56,19 @@ def first_step_seconds(config: str, cache: Path, out: Path, overrides: list[str]
         *[a for o in overrides for a in ("--set", o)],
     ]  # fmt: skip
     started = time.time()
-    subprocess.run(args, check=True, capture_output=True, text=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    step0 = next(r for r in records if r["phase"] == "train" and r["step"] == 0)
-    return float(step0["time"]) - started
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cpu_at_step0 = None
+    while proc.poll() is None and cpu_at_step0 is None:
+        if _step0_time(run_dir / "metrics.jsonl") is not None:
+            cpu_at_step0 = _cpu_seconds(proc.pid)
+        time.sleep(0.02)
+    _, stderr = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"pd-train run failed ({proc.returncode}):\n{stderr[-3000:]}")
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    step0 = _step0_time(run_dir / "metrics.jsonl")
+    assert step0 is not None, "no step 0 record"
+    return step0 - started, cpu_at_step0, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -42,15 +79,25 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(tmp) / "cache", Path(tmp) / "runs"
         out.mkdir()
-        cold = first_step_seconds(args.config, cache, out, overrides)
-        warm = first_step_seconds(args.config, cache, out, overrides)
-    print("| launch | compile cache | time to end of step 0 |")
-    print("|---|---|---:|")
-    print(f"| 1 | empty | {cold:.1f} s |")
-    print(f"| 2 | warm | {warm:.1f} s |")
+        spent = 0.0
+        for label in ("empty", "warm"):
+            load = os.getloadavg()[0]
+            wall, cpu, total = first_step_seconds(args.config, cache, out, overrides)
+            rows.append((label, wall, cpu, total - spent, load))
+            spent = total
+    (_, cold, *_), (_, warm, *_) = rows
+    print(f"cores: {os.cpu_count()}; load average (1 min) at each launch in the last column")
+    print(
+        "| launch | compile cache | time to end of step 0 | CPU s by then | CPU s in all | load |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
+    for i, (label, wall, cpu, total, load) in enumerate(rows, 1):
+        by_then = "?" if cpu is None else f"{cpu:.1f}"
+        print(f"| {i} | {label} | {wall:.1f} s | {by_then} | {total:.1f} | {load:.1f} |")
     print(f"time to first step: cold {cold:.1f}s, warm {warm:.1f}s, warm/cold {warm / cold:.2f}")
 
 
