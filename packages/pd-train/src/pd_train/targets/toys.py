@@ -6,9 +6,12 @@ above a threshold), :func:`identity_ci_error` (how far the best feature→compon
 from one component per feature) and :func:`recovers_identity` (each feature activates exactly
 one component above ``on`` and no other above ``off``, a different one per feature).
 
-:func:`decompose` trains a decomposition of a TMS target with sparse-feature batches drawn on
-device from the run key, with the same :class:`~pd_train.step.Trainer` (and so the same step,
-scans and init) as a Llama target.
+:func:`decompose` trains a decomposition of a toy target (TMS or residual MLP) with
+sparse-feature batches drawn on device from the run key, with the same
+:class:`~pd_train.step.Trainer` (and so the same step, scans and init) as a Llama target.
+:data:`TOYS` holds the built-in toys (``tms_5_2``, ``tms_40_10``, ``resid_mlp1``): target,
+pretraining, recipe and which matrices should come out one component per feature;
+:func:`run_toy` decomposes one from its shipped weights.
 """
 
 from __future__ import annotations
