@@ -60,6 +60,19 @@ def test_a_damaged_entry_is_ignored_not_loaded(
     assert "ignoring" in caplog.text and path.name in caplog.text
 
 
+def test_the_cache_keeps_its_most_recently_used_entries(tmp_path: Path) -> None:
+    cache = ExecutableCache(tmp_path, max_entries=2)
+    compiled = _compiled()
+    keys = [program_key("toy", i) for i in range(3)]
+    cache.store(keys[0], compiled)
+    cache.store(keys[1], compiled)
+    for i, key in enumerate(keys[:2]):  # distinct, ordered use times on coarse clocks
+        os.utime(tmp_path / f"{key}.jaxexe", (1000 + i, 1000 + i))
+    assert cache.load(keys[0]) is not None  # used now: the newest
+    cache.store(keys[2], compiled)
+    assert sorted(p.stem for p in tmp_path.glob("*.jaxexe")) == sorted([keys[0], keys[2]])
+
+
 def test_program_key_follows_inputs_and_source() -> None:
     source = source_digest()
     key = program_key("train_step", "pd-config", 64, source=source)

@@ -182,8 +182,14 @@ class ExecutableCache:
     runs code from the file (as JAX's own cache does): keep the directory private.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, max_entries: int = 16) -> None:
+        if max_entries < 1:
+            msg = f"max_entries must be >= 1, got {max_entries}"
+            raise ValueError(msg)
         self.directory = Path(directory)
+        #: Entries kept: storing one more removes the least recently used (each code edit
+        #: keys new programs, and an entry is ~10 MB even for the tiny default).
+        self.max_entries = max_entries
 
     @staticmethod
     def usable() -> bool:
@@ -204,6 +210,7 @@ class ExecutableCache:
         if not path.is_file():
             return None
         try:
+            os.utime(path)  # recently used: kept when older entries are pruned
             device_ids, (payload, in_tree, out_tree) = pickle.loads(path.read_bytes())
             by_id = {d.id: d for d in jax.devices()}
             return serialize_executable.deserialize_and_load(
@@ -234,6 +241,9 @@ class ExecutableCache:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(payload)
         os.replace(tmp, path)
+        entries = sorted(self.directory.glob("*.jaxexe"), key=lambda p: p.stat().st_mtime)
+        for old in entries[: max(len(entries) - self.max_entries, 0)]:
+            old.unlink(missing_ok=True)
         return True
 
 
