@@ -1,5 +1,6 @@
 """`pd-train compile` with persistent PGD lowers and compiles the sources' init jits too, and a
-`pd-train run` of the same config then loads every init program from the cache it warmed."""
+`pd-train run` of the same config then loads every init program, and the step, from the cache it
+warmed."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_compile_lists_the_sources_init_and_the_run_hits_its_cache(tmp_path: Pat
     # (Eager ops of the init, such as making the step counter, are no listed jits.)
     run_dir = tmp_path / "run"
     _finish(_cli("run", str(path), "--run-dir", str(run_dir)))
-    init = json.loads((run_dir / "compile.json").read_text())["jits"]["init"]["compiles"]
+    recorded = json.loads((run_dir / "compile.json").read_text())["jits"]
+    init = recorded["init"]["compiles"]
     listed = ("jit(stacked)", "jit(_opt_init)", "jit(init_opt_state)")
     found = sorted((c["module"], c["cache"]) for c in init if c["module"] in listed)
     assert found == [
@@ -45,3 +47,6 @@ def test_compile_lists_the_sources_init_and_the_run_hits_its_cache(tmp_path: Pat
         ("jit(stacked)", "hit"),
         ("jit(stacked)", "hit"),
     ], init
+    # The step too: the run lowers it on the same abstract layout as compile did.
+    step = [(c["module"], c["cache"]) for c in recorded["train_step"]["compiles"]]
+    assert step == [("jit(train_step)", "hit")], step
