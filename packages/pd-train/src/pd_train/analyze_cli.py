@@ -105,22 +105,12 @@ def _fail(message: str) -> int:
 
 def analyze(args: argparse.Namespace) -> int:
     from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
-    from pd_train.distributed import DistributedError, resolve_placement
+    from pd_train.distributed import DistributedError, placement_from_flags
 
     try:
-        placement = resolve_placement(
-            args.distributed,
-            coordinator=args.coordinator,
-            num_processes=args.num_processes,
-            process_id=args.process_id,
-            process_per=args.process_per,
-        )
+        placement = placement_from_flags(args)
     except DistributedError as exc:
         return _fail(str(exc))
-    except Exception as exc:  # pd-launch's SlurmStepError: not inside an srun step
-        if type(exc).__name__ == "SlurmStepError":
-            return _fail(f"--distributed slurm: {exc}")
-        raise
     try:
         table = analyze_run(
             args.run_dir,

@@ -207,7 +207,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pd_train import run as runner
-    from pd_train.distributed import DistributedError, resolve_placement
+    from pd_train.distributed import DistributedError, placement_from_flags
 
     resume = args.resume
     if resume is not None:
@@ -239,19 +239,9 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         source = config_source(args.config)
     try:
-        placement = resolve_placement(
-            args.distributed,
-            coordinator=args.coordinator,
-            num_processes=args.num_processes,
-            process_id=args.process_id,
-            process_per=args.process_per,
-        )
+        placement = placement_from_flags(args)
     except DistributedError as exc:
         return _fail(str(exc))
-    except Exception as exc:  # pd-launch's SlurmStepError: not inside an srun step
-        if type(exc).__name__ == "SlurmStepError":
-            return _fail(f"--distributed slurm: {exc}")
-        raise
     prepared = runner.prepare(source, args.overrides, resume_dir=resume)
     run_dir = resume or args.run_dir or runner.new_run_dir(prepared.config, base=prepared.base)
     problem = runner.directory_problem(run_dir, base=Path.cwd())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -81,6 +81,24 @@ def resolve_placement(
         )
     msg = f"--distributed is {mode!r}; expected one of {', '.join(MODES)}"
     raise DistributedError(msg)
+
+
+def placement_from_flags(flags: Any) -> Placement:
+    """:func:`resolve_placement` from a command line's ``--distributed``, ``--coordinator``,
+    ``--num-processes``, ``--process-id`` and ``--process-per`` (``pd-train run`` and
+    ``analyze``); outside an srun step, ``--distributed slurm`` is a :class:`DistributedError`."""
+    from pd_launch import SlurmStepError
+
+    try:
+        return resolve_placement(
+            flags.distributed,
+            coordinator=flags.coordinator,
+            num_processes=flags.num_processes,
+            process_id=flags.process_id,
+            process_per=flags.process_per,
+        )
+    except SlurmStepError as exc:
+        raise DistributedError(f"--distributed slurm: {exc}") from exc
 
 
 def initialize(placement: Placement) -> None:
