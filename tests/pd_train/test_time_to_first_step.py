@@ -104,3 +104,67 @@ def test_a_run_imports_no_orbax_or_matplotlib_before_its_first_step() -> None:
         check=True,
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_program_from_the_persistent_cache_is_used_but_not_stored(tmp_path: Path) -> None:
+    """XLA:CPU does not serialize a deserialized executable completely (its reload failed at
+    the first call: ``NOT_FOUND: Function add_convert_fusion not found``), so only a program
+    compiled in this process enters the executable cache."""
+    from jax._src import compilation_cache
+
+    from pd_train.runtime_env import configure_compile_cache
+
+    def lowered() -> jax.stages.Lowered:
+        def f(x: jax.Array) -> jax.Array:  # a program no other test compiles
+            return jnp.sin(x) * 3.25 + jnp.cos(x).sum()
+
+        return jax.jit(f).lower(jax.ShapeDtypeStruct((5, 3), jnp.float32))
+
+    enabled = jax.config.jax_enable_compilation_cache
+    directory = jax.config.jax_compilation_cache_dir
+    configure_compile_cache(tmp_path / "persistent")
+    try:
+        fresh = ExecutableCache(tmp_path / "fresh")
+        _, stored = fresh.compile_and_store("k", lowered())
+        assert stored and fresh.load("k") is not None
+        jax.clear_caches()  # the next compile reads the persistent cache
+        served = ExecutableCache(tmp_path / "served")
+        compiled, stored = served.compile_and_store("k", lowered())
+        assert not stored and not list((tmp_path / "served").glob("*"))
+        x = jnp.ones((5, 3))
+        np.testing.assert_allclose(compiled(x), jnp.sin(x) * 3.25 + jnp.cos(x).sum(), rtol=1e-6)
+        # A source edited during the compile: nothing stored either.
+        _, stored = ExecutableCache(tmp_path / "edited").compile_and_store(
+            "k", lowered(), unchanged=lambda: False
+        )
+        assert not stored
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        jax.config.update("jax_compilation_cache_dir", directory)
+        compilation_cache.reset_cache()
+
+
+def test_a_shipped_config_is_told_from_a_toy_without_importing_the_toys() -> None:
+    """`pd-train run builtin:default` used to import the toy module (and with it scipy, ~1.5 s)
+    just to learn that `default` is not a toy."""
+    code = (
+        "import sys\n"
+        "from pd_train.cli import is_toy_config\n"
+        "assert not is_toy_config('builtin:default')\n"
+        "print(sorted(m for m in ('scipy', 'pd_train.targets.toys') if m in sys.modules))\n"
+        "assert is_toy_config('builtin:tms_5_2')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_no_toy_is_named_like_a_shipped_config() -> None:
+    """The shortcut above answers a shipped config's name first: a toy of the same name would
+    stop being reachable as `builtin:<name>`."""
+    from pd_train.configs import builtin_configs
+    from pd_train.targets.toys import TOYS
+
+    assert builtin_configs() and TOYS
+    assert not set(builtin_configs()) & set(TOYS)

@@ -180,6 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def is_toy_config(value: str) -> bool:
+    """Whether ``value`` names a toy (:func:`pd_train.toy_cli.is_toy_config`). A shipped
+    config (``builtin:default``) is answered without importing the toy module, which imports
+    scipy (~1.5 s before the first step); no toy shares a shipped config's name."""
+    from pd_train.configs import builtin_configs
+
+    if value.startswith("builtin:") and value.removeprefix("builtin:") in builtin_configs():
+        return False
+    from pd_train import toy_cli
+
+    return toy_cli.is_toy_config(value)
+
+
 def config_source(value: str) -> str | Path:
     from pd_train.configs import builtin_config
 
@@ -227,9 +240,9 @@ def _run(args: argparse.Namespace) -> int:
                 f"`pd-train run {source} --run-dir {resume}`"
             )
     else:
-        from pd_train import toy_cli
+        if is_toy_config(args.config):  # builtin:tms_5_2: the toy runner, not run.py
+            from pd_train import toy_cli
 
-        if toy_cli.is_toy_config(args.config):  # builtin:tms_5_2: the toy runner, not run.py
             if args.distributed != "none":
                 return _fail("a toy run is one process; leave --distributed out")
             _, summary = toy_cli.run_toy_cli(
@@ -260,10 +273,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from pd_train import toy_cli
     from pd_train.compile import compile_all, format_compile_table
 
-    if args.config is not None and toy_cli.is_toy_config(args.config):  # builtin:tms_5_2
+    if args.config is not None and is_toy_config(args.config):  # builtin:tms_5_2
+        from pd_train import toy_cli
+
         if args.record is not None:
             return _fail("--record is not supported for a toy config")
         print(format_compile_table(toy_cli.compile_toy(args.config, args.overrides)))

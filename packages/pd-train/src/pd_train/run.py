@@ -849,7 +849,9 @@ class StepProgram:
             if cache_dir is not None and ExecutableCache.usable()
             else None
         )
-        #: ``hit`` (loaded from the executable cache), ``miss`` (compiled and stored), ``off``.
+        #: ``hit`` (loaded from the executable cache), ``miss`` (compiled and stored), ``miss,
+        #: not stored`` (served by JAX's persistent cache, or the source changed meanwhile),
+        #: ``off``.
         self.outcome = "off" if self.cache is None else "miss"
         self.compiled: Any = None
         self.error: BaseException | None = None
@@ -902,9 +904,14 @@ class StepProgram:
                     seq_len=self.trainer.seq_len,
                     target_dtype=self.target_dtype,
                 )
-                self.compiled = lowered.compile()
-                if self.cache is not None and source_digest() == self._source:
-                    self.cache.store(key, self.compiled)
+                if self.cache is None:
+                    self.compiled = lowered.compile()
+                else:
+                    self.compiled, stored = self.cache.compile_and_store(
+                        key, lowered, unchanged=lambda: source_digest() == self._source
+                    )
+                    if not stored:
+                        self.outcome = "miss, not stored"
         except Exception as exc:  # reported at the first step, which falls back to the jit
             self.error = exc
 

@@ -172,6 +172,33 @@ def program_key(name: str, *parts: Any, source: str | None = None) -> str:
     return hashlib.sha256(repr(context).encode()).hexdigest()
 
 
+#: JAX's monitoring event for a program served by the persistent compile cache.
+PERSISTENT_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def compile_counting_persistent_hits(lowered: Any) -> tuple[Any, int]:
+    """``lowered.compile()`` and how many programs JAX's persistent cache served for it (the
+    hits this thread recorded while compiling; other threads' compiles are not counted)."""
+    import threading
+
+    from jax import monitoring
+
+    thread = threading.get_ident()
+    hits = 0
+
+    def on_event(event: str, **_: Any) -> None:
+        nonlocal hits
+        if event == PERSISTENT_CACHE_HIT_EVENT and threading.get_ident() == thread:
+            hits += 1
+
+    monitoring.register_event_listener(on_event)
+    try:
+        compiled = lowered.compile()
+    finally:
+        monitoring.unregister_event_listener(on_event)
+    return compiled, hits
+
+
 class ExecutableCache:
     """Compiled programs serialized to ``directory``, one file per :func:`program_key`.
 
@@ -220,8 +247,21 @@ class ExecutableCache:
             log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
             return None
 
+    def compile_and_store(
+        self, key: str, lowered: Any, *, unchanged: Any = None
+    ) -> tuple[Any, bool]:
+        """``(lowered.compile(), stored)``: stored under ``key`` when it was compiled here. A program
+        JAX's persistent cache served is used but not stored: on XLA:CPU an executable that was
+        deserialized does not serialize again completely (its reload fails at the first call
+        with ``NOT_FOUND: Function <fusion> not found``). ``unchanged()`` (optional) is asked
+        after the compile; False (the traced source changed meanwhile) stores nothing."""
+        compiled, hits = compile_counting_persistent_hits(lowered)
+        stored = hits == 0 and (unchanged is None or unchanged()) and self.store(key, compiled)
+        return compiled, stored
+
     def store(self, key: str, compiled: Any) -> bool:
-        """Write ``compiled`` under ``key`` (atomically); False if it cannot be serialized."""
+        """Write ``compiled`` under ``key`` (atomically); False if it cannot be serialized.
+        ``compiled`` must come from a compile, not from a cache (see :meth:`compile_and_store`)."""
         import pickle
 
         from jax.experimental import serialize_executable
