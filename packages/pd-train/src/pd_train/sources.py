@@ -15,6 +15,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from pd_train.squash import unit_clip
+
 __all__ = ["masks", "sample_source"]
 
 Sampling = Literal["continuous", "binomial"]
@@ -45,7 +47,11 @@ def sample_source(
 def masks(ci_lower: jax.Array, source: jax.Array) -> tuple[jax.Array, jax.Array]:
     """m = ci_lower + (1 − ci_lower)·r[..., :C] [..., C] and δ = r[..., C] [...].
 
-    ci_lower [..., C]; source [..., C + 1].
+    ci_lower [..., C]; source [..., C + 1]. ci_lower is clipped to [0, 1] here with a
+    straight-through gradient (:func:`pd_train.squash.unit_clip`: no change for a clipped
+    ci_lower), so the train step can pass its pre-activations under
+    :func:`pd_train.squash.lower_leaky_hard_deferred` without materializing the clip.
     """
-    r = source.astype(ci_lower.dtype)
-    return ci_lower + (1 - ci_lower) * r[..., :-1], r[..., -1]
+    ci = unit_clip(ci_lower)
+    r = source.astype(ci.dtype)
+    return ci + (1 - ci) * r[..., :-1], r[..., -1]

@@ -57,7 +57,7 @@ from pd_train.losses import (
 )
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, make_optimizer
-from pd_train.squash import lower_leaky_hard, upper_leaky_hard
+from pd_train.squash import lower_leaky_hard_deferred, unit_clip, upper_leaky_hard
 from pd_train.targets import Target, as_target
 
 __all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
@@ -535,9 +535,11 @@ class Trainer:
         if needs_ci:
             clean = CleanRunner(self.forward_spec, target, tokens)
             clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-            ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+            # Unclipped: every use clips (sources.masks), so no clipped copy of the
+            # all-site CI is materialized next to pre (pd_train.squash's docstring).
+            ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
             ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
-            aux["l0"] = _site_map(lambda c: l0({"s": c}, pd.l0_threshold)["s"], ci_lower)
+            aux["l0"] = _site_map(lambda c: l0({"s": unit_clip(c)}, pd.l0_threshold)["s"], ci_lower)
         ppgd_sources = None
         if self.ppgd is not None:
             if not adversary:
