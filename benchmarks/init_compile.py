@@ -21,7 +21,7 @@ kind), compile only. Prints ``ci init compile speedup at <n> chunks: N.Nx``.
 Then persistent PGD's sources (``--sources-layers``, 0 skips it): pd-train's ``PersistentPGD``
 sources of every site at ``--sources-layers`` layers, scope ``bsc`` (``[B, T, C + 1]`` per site,
 B = 128, T = 512, batch-sharded over the 8 devices), U[0, 1); per-array reference (one output
-per site) vs stacked (one output per kind; pd-train's plan, ``draw="merged"``), compile only,
+per site) vs stacked (one output per kind; pd-train's plan, ``draw="counter"``), compile only,
 and the stacks under ``draw="map"`` for comparison. Prints ``sources init compile speedup at
 <sites> sites: N.Nx``. With 8 devices each device holds 8x the stacks it holds at the production
 topology (64 GPUs); ``XLA_FLAGS=--xla_force_host_platform_device_count=64`` gives that layout.
@@ -378,8 +378,8 @@ def sources_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_ke
         int(np.prod(g.sharding.shard_shape(g.stacked_shape), dtype=np.int64)) for g in plan.groups
     ]
     print(
-        f"sources stacked draw={plan.draw} ({len(plan.merged)} merged set(s) of "
-        f"{[len(m) for m in plan.merged]} groups): {stk.wall:.2f}s wall {stk.cpu:.2f}s cpu; "
+        f"sources stacked draw={plan.draw} ({len(plan.counter_drawn)} of {len(plan.groups)} "
+        f"groups drawn from counters): {stk.wall:.2f}s wall {stk.cpu:.2f}s cpu; "
         f"draw=map {stk_map.wall:.2f}s wall {stk_map.cpu:.2f}s cpu; per-array / map "
         f"{ref.wall / stk_map.wall:.1f}x wall {ref.cpu / stk_map.cpu:.1f}x cpu; per device on "
         f"{len(jax.devices())} devices: largest stack {max(per_device) / 1e9:.2f} G values, "

@@ -1,7 +1,8 @@
 """Bit identity of every built-in initializer across every way pd-init draws it.
 
 The paths compared: the per-array jitted reference (straight-line code, one output per array),
-the stacked init under ``draw="map"`` (the draw inside a loop body) and ``draw="vmap"``, the
+the stacked init under ``draw="map"`` (the draw inside a loop body), ``draw="vmap"`` and
+``draw="counter"`` (pd-init's own threefry, fused; see test_counter.py), the
 fan-out, and the initializer called on its own outside any jit. Issue 14, item 4: with the
 parameters visible to XLA, ``Uniform(-0.3, 0.7)`` (width exactly 1.0) differed by 1-2 ULP in
 every element of a stacked group under ``draw="map"``.
@@ -39,9 +40,9 @@ def _check_all_paths(
     specs: list[pd_init.ArraySpec], key: jax.Array, *, all_paths: bool = True
 ) -> None:
     """Reference == stacked (map) == fan-out, and with ``all_paths`` also == stacked (vmap) ==
-    eager (each initializer called outside jit), bit for bit."""
+    stacked (counter) == eager (each initializer called outside jit), bit for bit."""
     reference = pd_init.InitPlan(specs).init_reference(key=key)
-    for draw in ("map", "vmap") if all_paths else ("map",):
+    for draw in ("map", "vmap", "counter") if all_paths else ("map",):
         plan = pd_init.InitPlan(specs, draw=draw)
         stacked = plan.init_stacked(key=key)
         for spec in specs:

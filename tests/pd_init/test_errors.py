@@ -238,7 +238,7 @@ def test_threefry_partitionable_off_is_refused():
 
 def test_unknown_draw_mode():
     with pytest.raises(
-        pd_init.InitSpecError, match="draw must be 'map', 'vmap' or 'merged', got 'scan'"
+        pd_init.InitSpecError, match="draw must be 'map', 'vmap' or 'counter', got 'scan'"
     ):
         pd_init.InitPlan([spec("a")], draw="scan")  # type: ignore[arg-type]
 

@@ -1,36 +1,43 @@
-"""Unit uniforms from (key, flat index): what ``jax.random.uniform`` draws, for many arrays at once.
+"""Threefry draws as plain elementwise ops: what ``jax.random`` draws, in kernels XLA fuses.
 
 With ``jax_threefry_partitionable`` (which pd-init requires), the threefry bits of element ``i``
 of an array of shape ``S`` drawn with ``key`` are ``threefry2x32(key, (hi(i), lo(i)))``, ``i``
-the element's row-major flat index in ``S``: nothing else about ``S`` enters. Arrays of shapes
-``[*lead, w_g]`` (same leading dims, any last dim) can therefore be drawn by ONE threefry kernel
-over ``[*lead, Σ w_g]``: the columns of array ``g`` get ``g``'s key and, as counter, the flat
-index the element has in ``g``'s own shape, ``row · w_g + column offset``. Each array's slice of
-the result equals ``jax.random.uniform(key_g, (*lead, w_g), dtype)`` bit for bit (pd-init's tests
-check this against its per-array reference, so a change of JAX's scheme fails them loudly).
+the element's row-major flat index in ``S``: nothing else about ``S`` enters. A whole stack
+``[n, *S]`` of ``n`` arrays, each with its own key, is therefore ONE elementwise function of
+(member key, flat index in ``S``), which XLA compiles to one kernel that writes the stack
+directly: no loop over the members, no temporary, and a compile that does not depend on ``n``
+or ``S``.
 
-Limits: threefry keys only (``threefry2x32``), every array under 2**32 elements (the counter's
+On CPU, JAX lowers its ``threefry2x32`` primitive to a rolled ``while`` loop over the five
+rounds of four (every round's state a full-size buffer), which XLA cannot fuse and compiles as
+a loop of its own per draw. :func:`threefry2x32` is the same hash (Threefry-2x32, 20 rounds,
+the rotation constants and key schedule of Salmon et al. 2011, as JAX uses them) written out in
+uint32 adds, rotations and xors; integer arithmetic is exact, so its bits are JAX's bits however
+XLA compiles it. pd-init's tests compare every path with its per-array reference (which calls
+``jax.random``), so a change of JAX's scheme fails them loudly.
+
+Limits: threefry keys only (``threefry2x32``), every member under 2**32 elements (the counter's
 high word is then 0), floating dtypes of 8, 16, 32 or 64 bits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.random import threefry2x32_p
 
 MAX_ELEMENTS = 2**32
-"""Arrays of at least this many elements need a counter's high word; they are not merged."""
+"""Members of at least this many elements need a counter's high word; they are not counter-drawn."""
 
 _UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = np.uint32(0x1BD11BDA)
 
 
 def supports(shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """Whether an array of ``shape`` and ``dtype`` can be drawn from counters here."""
+    """Whether members of ``shape`` and ``dtype`` can be drawn from counters here."""
     if not jnp.issubdtype(dtype, jnp.floating) or len(shape) == 0:
         return False
     if jnp.finfo(dtype).bits not in _UINT:
@@ -47,28 +54,57 @@ def is_threefry(key: jax.Array) -> bool:
     )
 
 
-def unit_uniform_columns(
-    keys: jax.Array, lead: tuple[int, ...], widths: Sequence[int], dtype: Any
-) -> jax.Array:
-    """``[*lead, Σ widths]``: columns ``[s_g, s_g + widths[g])`` hold
-    ``jax.random.uniform(keys[g], (*lead, widths[g]), dtype)``; ``keys`` has one threefry key
-    per array (typed ``[G]`` or raw ``uint32[G, 2]``)."""
-    dtype = jnp.dtype(dtype)
-    data = jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) else keys
-    width = np.asarray(widths, dtype=np.int64)
-    column_array = np.repeat(np.arange(len(width)), width)  # column -> its array
-    starts = np.concatenate([[0], np.cumsum(width)[:-1]])
-    offset = (np.arange(column_array.size) - starts[column_array]).astype(np.uint32)
-    shape = (*lead, column_array.size)
-    row = jnp.zeros(shape, jnp.uint32)
-    for d, size in enumerate(lead):  # row-major index over the leading dims
-        row = row * np.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, shape, d)
-    counter = row * jnp.asarray(width.astype(np.uint32)[column_array]) + jnp.asarray(offset)
-    k1 = jnp.broadcast_to(data[:, 0][column_array], shape)
-    k2 = jnp.broadcast_to(data[:, 1][column_array], shape)
-    bits1, bits2 = threefry2x32_p.bind(k1, k2, jnp.zeros(shape, jnp.uint32), counter)
+def key_data(key: jax.Array) -> jax.Array:
+    """The raw ``uint32[..., 2]`` words of a typed or raw threefry key."""
+    return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
 
-    # jax.random.uniform's bits -> [0, 1), step by step.
+
+def threefry2x32(
+    k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Threefry-2x32 (20 rounds) of the counter words ``(x1, x2)`` under key ``(k1, k2)``;
+    uint32 arrays that broadcast together. Equals ``jax.extend.random.threefry2x32_p``."""
+
+    def rotate_left(x: jax.Array, r: int) -> jax.Array:
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+    schedule = (k1, k2, k1 ^ k2 ^ _PARITY)
+    x1, x2 = x1 + schedule[0], x2 + schedule[1]
+    for block in range(5):  # five blocks of four rounds, a key injection after each
+        for r in _ROTATIONS[block % 2]:
+            x1 = x1 + x2
+            x2 = x1 ^ rotate_left(x2, r)
+        x1 = x1 + schedule[(block + 1) % 3]
+        x2 = x2 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+    return x1, x2
+
+
+def fold_in(key: jax.Array, data: np.ndarray) -> jax.Array:
+    """``jax.random.fold_in(key, d)`` for every ``d`` of ``data`` (uint32 ``[N]``), as raw
+    ``uint32[N, 2]`` keys; ``key`` is one typed or raw threefry key."""
+    words = key_data(key)
+    counter = jnp.asarray(np.asarray(data, dtype=np.uint32))
+    new1, new2 = threefry2x32(words[0], words[1], jnp.zeros_like(counter), counter)
+    return jnp.stack([new1, new2], axis=-1)
+
+
+def unit_uniform_stack(keys: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """``[n, *shape]`` whose slice ``j`` is ``jax.random.uniform(keys[j], shape, dtype)``;
+    ``keys`` raw ``uint32[n, 2]``. One elementwise expression: every element's bits come from
+    its member's key and its flat index in ``shape``."""
+    dtype = jnp.dtype(dtype)
+    full = (keys.shape[0], *shape)
+    counter = jnp.zeros(full, jnp.uint32)
+    for d, size in enumerate(shape, start=1):  # row-major flat index within the member
+        counter = counter * np.uint32(size) + jax.lax.broadcasted_iota(jnp.uint32, full, d)
+    k1 = jax.lax.broadcast_in_dim(keys[:, 0], full, (0,))
+    k2 = jax.lax.broadcast_in_dim(keys[:, 1], full, (0,))
+    bits1, bits2 = threefry2x32(k1, k2, jnp.zeros(full, jnp.uint32), counter)
+    return _bits_to_unit(bits1, bits2, dtype)
+
+
+def _bits_to_unit(bits1: jax.Array, bits2: jax.Array, dtype: np.dtype) -> jax.Array:
+    """jax.random.uniform's threefry bits -> [0, 1), step by step (its ``rng_bits`` rules)."""
     finfo = jnp.finfo(dtype)
     nbits, nmant = finfo.bits, finfo.nmant
     rng_bits = 8 if nmant < 8 else nbits

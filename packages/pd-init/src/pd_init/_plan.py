@@ -122,15 +122,15 @@ class InitPlan:
             ``lax.map`` over the members' keys, so every kernel has the member's shape and
             compile time does not grow with the number of members. ``"vmap"``: one vectorized
             draw of ``[n, *shape]``; same values, but XLA's CPU compile time grows with ``n``.
-            ``"merged"``: as ``"map"``, except that groups differing only in their last
-            dimension (same initializer — Uniform, Normal or TruncatedNormal —, dtype, leading
-            dims, member count and stack sharding, the last dim unsharded) share ONE loop and
-            ONE threefry kernel: iteration ``j`` draws member ``j`` of every such group as one
-            ``[*lead, Σ last dims]`` array from counters (each element's threefry counter is
-            its flat index in its own array, so the values are those of the per-array
-            reference, bit for bit; see ``pd_init._counter``). Nothing extra is drawn; the
-            loop's temporary is one member of each merged group. Compile time then grows with
-            the number of *merged sets*, not of groups. :attr:`merged` lists the sets.
+            ``"counter"``: every group whose initializer maps a U[0, 1) draw elementwise
+            (Uniform, Normal, TruncatedNormal: ``from_unit``) with threefry keys is drawn with
+            NO loop: its whole stack is one elementwise expression of (member key, the element's
+            flat index in its member), the counters ``jax.random`` gives each element, hashed by
+            an unrolled threefry that XLA fuses into the kernel writing the stack (see
+            ``pd_init._counter``). Same values, bit for bit; no temporary; the compile is one
+            small kernel per group, whatever the member count and size. Other groups (and
+            members of 2**32 elements or more) are drawn as by ``"map"``.
+            :attr:`counter_drawn` lists the groups drawn from counters.
     """
 
     def __init__(
@@ -138,11 +138,11 @@ class InitPlan:
         specs: Sequence[ArraySpec],
         *,
         group_shardings: Mapping[str, Sharding] | None = None,
-        draw: Literal["map", "vmap", "merged"] = "map",
+        draw: Literal["map", "vmap", "counter"] = "map",
     ) -> None:
         require_partitionable_threefry()
-        if draw not in ("map", "vmap", "merged"):
-            msg = f"draw must be 'map', 'vmap' or 'merged', got {draw!r}"
+        if draw not in ("map", "vmap", "counter"):
+            msg = f"draw must be 'map', 'vmap' or 'counter', got {draw!r}"
             raise InitSpecError(msg)
         self.draw = draw
         specs = list(specs)
@@ -170,9 +170,9 @@ class InitPlan:
         self._hashes = hashes
         self._groups_by_name = {group.name: group for group in self.groups}
         self.sharded = self.groups[0].sharding is not None
-        #: Names of the groups drawn together (``draw="merged"``; sets of two or more groups).
-        self.merged: tuple[tuple[str, ...], ...] = (
-            _merge_sets(self.groups) if draw == "merged" else ()
+        #: Names of the groups drawn from counters (``draw="counter"``; threefry keys only).
+        self.counter_drawn: tuple[str, ...] = tuple(
+            g.name for g in self.groups if draw == "counter" and _counter_drawable(g)
         )
 
     # ------------------------------------------------------------------ stacked
@@ -181,32 +181,42 @@ class InitPlan:
         """Jitted ``fn(*, key) -> {group name: [n, *shape]}``; lower it on an abstract key."""
         groups = self.groups
         draw_mode = self.draw
-        # Every member's key in one vmapped fold_in: one small loop, not one per group.
+        # Every member's key by one fold_in over all the name hashes.
         all_hashes = np.array([h for group in groups for h in group.hashes], dtype=np.uint32)
         starts = np.cumsum([0] + [len(group.members) for group in groups])
 
-        merged = self.merged
-        by_name = {g.name: (g, start) for g, start in zip(groups, starts[:-1], strict=True)}
+        counter_drawn = set(self.counter_drawn)
 
         def stacked(*, key: jax.Array) -> dict[str, jax.Array]:
             require_partitionable_threefry()
-            keys = jax.vmap(lambda h: jax.random.fold_in(key, h))(jnp.asarray(all_hashes))
+            threefry = _counter.is_threefry(key)
+            if threefry:  # every member's key, by threefry written out: one fused kernel
+                # The barrier keeps the keys one small kernel of their own; without it XLA
+                # fuses their hash into every group's kernel (twice the code, and per element).
+                keys = jax.lax.optimization_barrier(_counter.fold_in(key, all_hashes))
+                if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+                    keys = jax.random.wrap_key_data(keys, impl=jax.random.key_impl(key))
+            else:
+                keys = jax.vmap(lambda h: jax.random.fold_in(key, h))(jnp.asarray(all_hashes))
             out = {}
-            if merged and _counter.is_threefry(keys):  # other key types: drawn as by "map"
-                for names in merged:
-                    out.update(_draw_merged([by_name[n] for n in names], keys))
             for group, start, stop in zip(groups, starts[:-1], starts[1:], strict=True):
-                if group.name in out:
-                    continue
-                init = functools.partial(_draw, group.init, group.shape, group.dtype)
                 members = keys[start:stop]
-                if draw_mode != "vmap":
-                    value = jax.lax.map(init, members)
+                if threefry and group.name in counter_drawn:
+                    unit = _counter.unit_uniform_stack(
+                        _counter.key_data(members), group.shape, group.dtype
+                    )
+                    value = group.init.from_unit(unit, group.dtype)  # type: ignore[union-attr]
+                    if group.sharding is not None:
+                        value = jax.lax.with_sharding_constraint(value, group.sharding)
                 else:
-                    value = jax.vmap(init)(members)
+                    init = functools.partial(_draw, group.init, group.shape, group.dtype)
+                    if draw_mode != "vmap":
+                        value = jax.lax.map(init, members)
+                    else:
+                        value = jax.vmap(init)(members)
                 _check_output(f"group {group.name!r}", value, group.stacked_shape, group.dtype)
                 out[group.name] = value
-            return {group.name: out[group.name] for group in groups}
+            return out
 
         if not self.sharded:
             return jax.jit(stacked)
@@ -320,57 +330,9 @@ class InitPlan:
         return dict(self.reference_fn(key=key))
 
 
-def _merge_key(group: Group) -> Any:
-    """Groups with equal keys can be drawn together (``draw="merged"``); None: never merged."""
-    if not hasattr(group.init, "from_unit") or not _counter.supports(group.shape, group.dtype):
-        return None
-    sharding: Any = group.sharding
-    if isinstance(sharding, NamedSharding):
-        spec = tuple(sharding.spec) + (None,) * (len(group.stacked_shape) - len(sharding.spec))
-        if spec[-1] is not None:  # a sharded last dim: the concatenated draw would not be local
-            return None
-        sharding = (sharding.mesh, spec, sharding.memory_kind)
-    return (group.init, group.dtype, group.shape[:-1], len(group.members), sharding)
-
-
-def _merge_sets(groups: Sequence[Group]) -> tuple[tuple[str, ...], ...]:
-    sets: dict[Any, list[str]] = {}
-    for group in groups:
-        key = _merge_key(group)
-        if key is not None:
-            sets.setdefault(key, []).append(group.name)
-    return tuple(tuple(names) for names in sets.values() if len(names) > 1)
-
-
-def _draw_merged(members: list[tuple[Group, int]], keys: jax.Array) -> dict[str, jax.Array]:
-    """Groups that differ only in their last dim, in one loop over the member index: iteration
-    ``j`` draws member ``j`` of every group as ONE ``[*lead, Σ last dims]`` counter-based draw."""
-    first = members[0][0]
-    lead, dtype, init, n = first.shape[:-1], first.dtype, first.init, len(first.members)
-    widths = [g.shape[-1] for g, _ in members]
-    bounds = np.cumsum([0, *widths])
-    member_keys = jnp.stack([keys[start : start + n] for _, start in members], axis=1)  # [n, G]
-
-    def body(j: jax.Array, stacks: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        unit = _counter.unit_uniform_columns(member_keys[j], lead, widths, dtype)
-        values = init.from_unit(unit, dtype)  # type: ignore[union-attr]
-        return tuple(
-            jax.lax.dynamic_update_index_in_dim(stack, values[..., lo:hi], j, 0)
-            for stack, lo, hi in zip(stacks, bounds[:-1], bounds[1:], strict=True)
-        )
-
-    start = []
-    for group, _ in members:
-        zeros = jnp.zeros(group.stacked_shape, dtype)
-        if group.sharding is not None:
-            zeros = jax.lax.with_sharding_constraint(zeros, group.sharding)
-        start.append(zeros)
-    stacks = jax.lax.fori_loop(0, n, body, tuple(start))
-    out = {}
-    for (group, _), value in zip(members, stacks, strict=True):
-        _check_output(f"group {group.name!r}", value, group.stacked_shape, group.dtype)
-        out[group.name] = value
-    return out
+def _counter_drawable(group: Group) -> bool:
+    """Whether ``draw="counter"`` draws ``group`` from counters (given a threefry key)."""
+    return hasattr(group.init, "from_unit") and _counter.supports(group.shape, group.dtype)
 
 
 def _draw(init: Initializer, shape: tuple[int, ...], dtype: np.dtype, key: jax.Array) -> jax.Array:

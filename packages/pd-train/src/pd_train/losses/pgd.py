@@ -244,10 +244,10 @@ class PersistentPGD:
             group_shardings = (
                 None if shardings is None else {f"ppgd.{k}": s for k, s in shardings.items()}
             )
-            # "merged": the kinds differ only in C + 1, so one loop and one threefry kernel
-            # draw a layer's sources of every kind (the per-array reference's values).
+            # "counter": each kind's stack is one fused kernel (no loop, no temporary) with the
+            # per-array reference's values.
             self._plan = pd_init.InitPlan(
-                self.specs(), group_shardings=group_shardings, draw="merged"
+                self.specs(), group_shardings=group_shardings, draw="counter"
             )
         return self._plan
 
