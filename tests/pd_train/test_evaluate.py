@@ -247,3 +247,32 @@ def test_ci_histogram_equals_jnp_histogram() -> None:
         expected = jnp.histogram(clipped, bins=jnp.asarray(edges))[0]
         np.testing.assert_array_equal(counts[site], np.asarray(expected))
     assert counts[1, HIST_BINS // 2] == ci[1].size
+
+
+def test_eval_compiled_ahead_gives_the_same_record_and_is_cached(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`Evaluator.compile_ahead` (the run starts it after step 0): the first eval uses the
+    program compiled in the background, a second evaluator loads it from the executable cache,
+    and a program that refuses the arguments falls back to the jit; every record is equal."""
+    from pd_train.runtime_env import ExecutableCache
+
+    trainer, params, target, batches = _setup()
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state={})
+    key = jax.random.key(3)
+    expected = Evaluator(trainer, batches, n_batches=1, mesh=trainer.mesh)(state, target, key=key)
+    cache = ExecutableCache(tmp_path)
+    records = []
+    for outcome in ("miss", "hit"):
+        evaluator = Evaluator(trainer, batches, n_batches=1, mesh=trainer.mesh)
+        evaluator.compile_ahead(target_dtype=jnp.float32, cache=cache, key="eval-key")
+        records.append(evaluator(state, target, key=key))
+        assert evaluator.ahead_outcome == outcome
+    # Compiled for a bfloat16 target, called with float32 weights: refused, the jit runs.
+    evaluator = Evaluator(trainer, batches, n_batches=1, mesh=trainer.mesh)
+    evaluator.compile_ahead(target_dtype=jnp.bfloat16)
+    with caplog.at_level("WARNING", logger="pd_train"):
+        records.append(evaluator(state, target, key=key))
+    assert "refused the arguments" in caplog.text
+    for record in records:
+        np.testing.assert_equal(record, expected)

@@ -27,6 +27,7 @@ stochastic mask draws its sources from the batch's eval key folded per site, as 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -39,6 +40,8 @@ from pd_train.analysis.recon_eval import ReconStats, recon_batch_metrics
 from pd_train.analysis.statistics import EvalComponentStats, component_counts
 from pd_train.losses import FreshPGD, kl_clean_masked, l0, site_grid
 from pd_train.squash import lower_leaky_hard
+
+log = logging.getLogger("pd_train")
 
 MASKS = ("ci", "ones", "stochastic", "rounded")
 HIST_BINS = 20
@@ -210,15 +213,97 @@ def lower_eval(
 
 
 class Evaluator:
-    """``evaluator(state, target, key=...) -> {name: value}`` over ``n_batches`` eval batches."""
+    """``evaluator(state, target, key=...) -> {name: value}`` over ``n_batches`` eval batches.
+
+    :meth:`compile_ahead` compiles the (fast) eval jit in a background thread, e.g. while the
+    first training steps run, so that the first eval does not stop the run for its compile.
+    """
 
     def __init__(self, trainer: Any, batches: Any, *, n_batches: int, mesh: Any) -> None:
         self.trainer = trainer
         self.batches = batches
         self.n_batches = n_batches
         self.mesh = mesh
-        self._eval = eval_jit(trainer)
+        self._eval: Any = eval_jit(trainer)
         self._slow_eval: Any = None
+        self._ahead: Any = None
+        #: ``hit`` (loaded from the executable cache), ``miss``, ``miss, not stored``, ``off``
+        #: (no cache given), ``failed``; None before :meth:`compile_ahead`.
+        self.ahead_outcome: str | None = None
+
+    def compile_ahead(
+        self,
+        *,
+        target_dtype: Any,
+        cache: Any = None,
+        key: str | None = None,
+        unchanged: Any = None,
+        recorder: Any = None,
+    ) -> None:
+        """Start lowering and compiling the eval jit on the trainer's abstract params, target,
+        batch and key (:func:`lower_eval`, the layout the train step leaves the state in) in a
+        background thread. With ``cache`` (a :class:`pd_train.runtime_env.ExecutableCache`) and
+        ``key`` the program is loaded from it, or stored in it after the compile
+        (``unchanged()``: the traced source is as it was when the key was made). The first call
+        waits for the thread; if it failed, or the program refuses the arguments, the jit
+        compiles at that call as before (with a warning)."""
+        import threading
+
+        result: dict[str, Any] = {}
+
+        def build() -> None:
+            import contextlib
+
+            phase = recorder.phase("eval") if recorder is not None else contextlib.nullcontext()
+            try:
+                with phase:
+                    if cache is not None and key is not None:
+                        result["compiled"] = cache.load(key)
+                        if result["compiled"] is not None:
+                            self.ahead_outcome = "hit"
+                            return
+                    lowered = lower_eval(
+                        self.trainer,
+                        batch_size=self.batches.batch_size,  # global, as the jit sees it
+                        seq_len=self.batches.dataset.seq_len,
+                        target_dtype=target_dtype,
+                    )
+                    if cache is not None and key is not None:
+                        compiled, stored = cache.compile_and_store(
+                            key, lowered, unchanged=unchanged
+                        )
+                        self.ahead_outcome = "miss" if stored else "miss, not stored"
+                    else:
+                        compiled, self.ahead_outcome = lowered.compile(), "off"
+                    result["compiled"] = compiled
+            except Exception as exc:  # reported at the first eval, which uses the jit
+                self.ahead_outcome = "failed"
+                result["error"] = exc
+
+        thread = threading.Thread(target=build, name="pd-train-eval", daemon=True)
+        thread.start()
+        self._ahead = (thread, result)
+
+    def close(self) -> None:
+        """Wait for an ahead-of-time compile still running (a run stopped before its first
+        eval), so that no compile thread outlives the run."""
+        if self._ahead is not None:
+            self._ahead[0].join()
+
+    def _take_ahead(self) -> None:
+        """Swap in the program :meth:`compile_ahead` built (waiting for it), once."""
+        if self._ahead is None:
+            return
+        thread, result = self._ahead
+        self._ahead = None
+        thread.join()
+        if result.get("compiled") is not None:
+            self._eval = _Precompiled(result["compiled"], self._eval)
+        else:
+            log.warning(
+                "eval: the ahead-of-time compile failed (%r); compiling at this call instead",
+                result.get("error"),
+            )
 
     def __call__(
         self, state: Any, target: Any, *, key: jax.Array, slow: bool = False
@@ -226,6 +311,8 @@ class Evaluator:
         """``slow``: also the slow-eval recon metrics (a second jit, compiled on first use)."""
         if slow and self._slow_eval is None:
             self._slow_eval = eval_jit(self.trainer, slow=True)
+        if not slow:
+            self._take_ahead()
         run = self._slow_eval if slow else self._eval
         recon = ReconStats(self.trainer.forward_spec) if slow else None
         sums: dict[str, float] = {}
@@ -267,3 +354,21 @@ class Evaluator:
         if recon is not None:
             record.update(recon.record())
         return record
+
+
+class _Precompiled:
+    """A compiled program called like its jit; if it refuses the arguments (their layout
+    drifted from the abstract one it was compiled for: a bug), the jit runs instead."""
+
+    def __init__(self, compiled: Any, jit: Any) -> None:
+        self.compiled: Any = compiled
+        self.jit = jit
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except (TypeError, ValueError) as exc:
+                log.warning("eval: the compiled program refused the arguments: %s", exc)
+                self.compiled = None
+        return self.jit(*args)

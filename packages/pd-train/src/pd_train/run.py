@@ -758,6 +758,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 if mfu is None:
                     mfu = flops.MFUMeter.for_trainer(trainer, seq_len=config.data.seq_len)
                     mfu.measure(done)  # the baseline: the first step's compile is not counted
+                    if evaluator is not None:
+                        # The eval compiles (or loads) in a thread while the next steps run.
+                        step_program.start_eval(evaluator)
             else:
                 progress.update(done)
             if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
@@ -782,6 +785,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         progress.close()
         if trace is not None:
             trace.close()
+        if evaluator is not None:
+            evaluator.close()
+            recorder.note(eval_executable_cache=evaluator.ahead_outcome)
         save(step)
         ckpts.close()
         jnp.zeros(()).block_until_ready()
@@ -862,15 +868,7 @@ class StepProgram:
         self._source = source_digest() if self.cache is not None else ""
 
     def key(self) -> str:
-        from pd_train.runtime_env import program_key
-
-        t = self.trainer
-        mesh = None if t.mesh is None else (dict(t.mesh.shape), t.mesh.devices.tolist())
-        # The step's static inputs; its abstract arguments follow from them and the source.
-        return program_key(
-            "train_step", t.model, t.pd, t.runtime, t.seq_len, t.compiler_options, mesh,
-            str(self.target_dtype), source=self._source,
-        )  # fmt: skip
+        return trainer_program_key("train_step", self.trainer, self.target_dtype, self._source)
 
     def start(self) -> None:
         import threading
@@ -915,6 +913,22 @@ class StepProgram:
         except Exception as exc:  # reported at the first step, which falls back to the jit
             self.error = exc
 
+    def start_eval(self, evaluator: Any) -> None:
+        """Start ``evaluator``'s ahead-of-time compile (:meth:`Evaluator.compile_ahead`), with
+        this program's executable cache, source digest and recorder."""
+        from pd_train.runtime_env import source_digest
+
+        cache, key = self.cache, None
+        if cache is not None:
+            key = trainer_program_key("eval_metrics", self.trainer, self.target_dtype, self._source)
+        evaluator.compile_ahead(
+            target_dtype=self.target_dtype,
+            cache=cache,
+            key=key,
+            unchanged=lambda: source_digest() == self._source,
+            recorder=self.recorder,
+        )
+
     def _join(self) -> None:
         self._thread.join()
         self._joined = True
@@ -941,6 +955,21 @@ class StepProgram:
         if self.compiled is None:
             return self.trainer.train_step(state, target, tokens, key)
         return self.compiled(state, target, tokens, key)
+
+
+def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:
+    """The executable-cache key of the trainer's program ``name`` (``train_step``,
+    ``eval_metrics``): its static inputs (the trainer's configs, T, compiler options, mesh,
+    target dtype; its abstract arguments follow from them) and ``source``, a
+    :func:`pd_train.runtime_env.source_digest`."""
+    from pd_train.runtime_env import program_key
+
+    t = trainer
+    mesh = None if t.mesh is None else (dict(t.mesh.shape), t.mesh.devices.tolist())
+    return program_key(
+        name, t.model, t.pd, t.runtime, t.seq_len, t.compiler_options, mesh, str(target_dtype),
+        source=source,
+    )  # fmt: skip
 
 
 def _tracker(config: Config, run_dir: Path) -> Any:
