@@ -63,19 +63,22 @@ def threefry2x32(
     k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Threefry-2x32 (20 rounds) of the counter words ``(x1, x2)`` under key ``(k1, k2)``;
-    uint32 arrays that broadcast together. Equals ``jax.extend.random.threefry2x32_p``."""
+    uint32 arrays of one shape (or scalars). Equals ``jax.extend.random.threefry2x32_p``.
+    Written in ``jax.lax`` ops (no ``jnp`` dispatch: tracing stays cheap)."""
+    add, xor = jax.lax.add, jax.lax.bitwise_xor
 
     def rotate_left(x: jax.Array, r: int) -> jax.Array:
-        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+        left = jax.lax.shift_left(x, np.uint32(r))
+        return jax.lax.bitwise_or(left, jax.lax.shift_right_logical(x, np.uint32(32 - r)))
 
-    schedule = (k1, k2, k1 ^ k2 ^ _PARITY)
-    x1, x2 = x1 + schedule[0], x2 + schedule[1]
+    schedule = (k1, k2, xor(xor(k1, k2), _PARITY))
+    x1, x2 = add(x1, schedule[0]), add(x2, schedule[1])
     for block in range(5):  # five blocks of four rounds, a key injection after each
         for r in _ROTATIONS[block % 2]:
-            x1 = x1 + x2
-            x2 = x1 ^ rotate_left(x2, r)
-        x1 = x1 + schedule[(block + 1) % 3]
-        x2 = x2 + schedule[(block + 2) % 3] + np.uint32(block + 1)
+            x1 = add(x1, x2)
+            x2 = xor(x1, rotate_left(x2, r))
+        x1 = add(x1, schedule[(block + 1) % 3])
+        x2 = add(add(x2, schedule[(block + 2) % 3]), np.uint32(block + 1))
     return x1, x2
 
 
@@ -84,7 +87,8 @@ def fold_in(key: jax.Array, data: np.ndarray) -> jax.Array:
     ``uint32[N, 2]`` keys; ``key`` is one typed or raw threefry key."""
     words = key_data(key)
     counter = jnp.asarray(np.asarray(data, dtype=np.uint32))
-    new1, new2 = threefry2x32(words[0], words[1], jnp.zeros_like(counter), counter)
+    k1, k2 = (jax.lax.broadcast(words[i], counter.shape) for i in (0, 1))
+    new1, new2 = threefry2x32(k1, k2, jnp.zeros_like(counter), counter)
     return jnp.stack([new1, new2], axis=-1)
 
 
