@@ -570,18 +570,8 @@ def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunR
 
 def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) -> RunResult:
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
-    import pd_sharding
     from pd_probe import Recorder
-    from pd_train import evaluate as evaluation
-    from pd_train import flops
-    from pd_train.analysis.recon_eval import slow_eval_due
-    from pd_train.checkpoints import Checkpoints
-    from pd_train.data import Batches, TokenDataset
-    from pd_train.outputs import MetricsLog, Progress, read_metrics, render_summary, write_plots
-    from pd_train.step import TrainState, step_key
 
     prepared, trainer, placement = rt.prepared, rt.trainer, rt.placement
     config = prepared.config
@@ -626,6 +616,25 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             announce=primary,
         )
         step_program.start()
+        # What the rest of the run needs is imported while the step loads in its thread.
+        import jax.numpy as jnp
+        import numpy as np
+
+        import pd_sharding
+        from pd_train import evaluate as evaluation
+        from pd_train import flops
+        from pd_train.analysis.recon_eval import slow_eval_due
+        from pd_train.checkpoints import Checkpoints
+        from pd_train.data import Batches, TokenDataset
+        from pd_train.outputs import (
+            MetricsLog,
+            Progress,
+            read_metrics,
+            render_summary,
+            write_plots,
+        )
+        from pd_train.step import TrainState, step_key
+
         # ---- target weights, straight into their shardings
         abstract_target = trainer.abstract_target(dtype)
         shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
