@@ -106,7 +106,11 @@ def main() -> None:
         print(json.dumps(_arm(config, overrides, devices)))
         return
 
-    no_remat = ["runtime.remat.recon=false", "runtime.remat.ci_fn=false"]
+    no_remat = [
+        "runtime.remat.recon=false",
+        "runtime.remat.recon_layers=false",
+        "runtime.remat.ci_fn=false",
+    ]
     unroll = ["pd.recon.chunk_loop=unroll"]
     arms: list[tuple[str, str, list[str], int]] = [
         ("default", "configs/default.yaml", [*no_remat, *unroll], 1),

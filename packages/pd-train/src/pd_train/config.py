@@ -347,10 +347,14 @@ class PDConfig:
 @attrs.frozen(kw_only=True)
 class RematConfig:
     """Rematerialize (recompute in the backward) each layer of the recon forwards, and the CI
-    function."""
+    function. ``recon``: each recon chunk and each layer of its forwards. ``recon_layers``: only
+    each layer of the masked forwards (its residual is the residual stream alone; no per-layer
+    stacks of activations): on a CPU, where the step is bound by per-op overhead and copies
+    rather than FLOPs, the recompute is cheaper than storing (docs/findings.md section 10)."""
 
     recon: bool = False
     ci_fn: bool = False
+    recon_layers: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -176,7 +176,7 @@ class Trainer:
             compute_dtype=self.compute_dtype,
             sampling=pd.sampling,
             layer_unroll=pd.recon.layer_loop == "unroll",
-            remat_layers=self.runtime.remat.recon,
+            remat_layers=self.runtime.remat.recon or self.runtime.remat.recon_layers,
             constrain=constrain,
         )
         self.compiler_options = dict(compiler_options or {})
@@ -533,13 +533,18 @@ class Trainer:
         needs_ci = any(not isinstance(t, Faithfulness) for t in pd.loss_metrics)
         aux: dict[str, Any] = {"terms": {}}
         if needs_ci:
-            clean = CleanRunner(self.forward_spec, target, tokens)
-            clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-            # Unclipped: every use clips (sources.masks), so no clipped copy of the
-            # all-site CI is materialized next to pre (pd_train.squash's docstring).
-            ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
-            ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
-            aux["l0"] = _site_map(lambda c: l0({"s": unit_clip(c)}, pd.l0_threshold)["s"], ci_lower)
+            # Named scopes label the compiled step's ops by phase (profiles, HLO dumps).
+            with jax.named_scope("pd.clean_ci"):
+                clean = CleanRunner(self.forward_spec, target, tokens)
+                clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+                # Unclipped: every use clips (sources.masks), so no clipped copy of the
+                # all-site CI is materialized next to pre (pd_train.squash's docstring).
+                ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
+                ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
+            with jax.named_scope("pd.l0"):
+                aux["l0"] = _site_map(
+                    lambda c: l0({"s": unit_clip(c)}, pd.l0_threshold)["s"], ci_lower
+                )
         ppgd_sources = None
         if self.ppgd is not None:
             if not adversary:
@@ -563,9 +568,10 @@ class Trainer:
                     sources=sources,
                 )
 
-            warmed, warmed_opt = self.ppgd.warmup(
-                objective, adversary["sources"], adversary["opt_state"], self.ppgd.lr(step)
-            )
+            with jax.named_scope("pd.ppgd_warmup"):
+                warmed, warmed_opt = self.ppgd.warmup(
+                    objective, adversary["sources"], adversary["opt_state"], self.ppgd.lr(step)
+                )
             aux["adversary"] = {"sources": warmed, "opt_state": warmed_opt}
             ppgd_sources = warmed
             if source_offset is not None:
@@ -573,35 +579,36 @@ class Trainer:
         total = jnp.zeros((), jnp.float32)
         for i, term in enumerate(pd.loss_metrics):
             term_key = jax.random.fold_in(key, i)
-            if isinstance(term, Faithfulness):
-                value = faithfulness(target["layers"], params["components"], self.decomposition)
-            elif isinstance(term, ImportanceMinimality):
-                p = pnorm_at(term, step, pd.steps)
-                aux["pnorm"] = p
-                value = importance_minimality(
-                    ci_upper,
-                    pnorm=p,
-                    eps=term.eps,
-                    frequency_coeff=term.frequency_coeff,
-                    reference_token_count=term.reference_token_count,
-                )
-            else:
-                value = recon_loss(
-                    self.forward_spec,
-                    self.plans[i],
-                    n_samples=getattr(term, "n_samples", 1),
-                    target=target,
-                    tokens=tokens,
-                    components=comps,
-                    ci_lower=ci_lower,
-                    clean_logits=clean_logits,
-                    clean_stream=clean.stream,
-                    key=term_key,
-                    unroll=pd.recon.chunk_loop == "unroll",
-                    remat=self.runtime.remat.recon,
-                    pgd=FreshPGD.of(term) if isinstance(term, PGDRecon) else None,
-                    sources=ppgd_sources if isinstance(term, PersistentPGDRecon) else None,
-                )
+            with jax.named_scope(f"pd.term.{term.type}"):
+                if isinstance(term, Faithfulness):
+                    value = faithfulness(target["layers"], params["components"], self.decomposition)
+                elif isinstance(term, ImportanceMinimality):
+                    p = pnorm_at(term, step, pd.steps)
+                    aux["pnorm"] = p
+                    value = importance_minimality(
+                        ci_upper,
+                        pnorm=p,
+                        eps=term.eps,
+                        frequency_coeff=term.frequency_coeff,
+                        reference_token_count=term.reference_token_count,
+                    )
+                else:
+                    value = recon_loss(
+                        self.forward_spec,
+                        self.plans[i],
+                        n_samples=getattr(term, "n_samples", 1),
+                        target=target,
+                        tokens=tokens,
+                        components=comps,
+                        ci_lower=ci_lower,
+                        clean_logits=clean_logits,
+                        clean_stream=clean.stream,
+                        key=term_key,
+                        unroll=pd.recon.chunk_loop == "unroll",
+                        remat=self.runtime.remat.recon,
+                        pgd=FreshPGD.of(term) if isinstance(term, PGDRecon) else None,
+                        sources=ppgd_sources if isinstance(term, PersistentPGDRecon) else None,
+                    )
             aux["terms"][term.type] = value
             total = total + term.coeff * value
         return total, aux
@@ -626,21 +633,25 @@ class Trainer:
             )(state.params, target, tokens, state.step, key, state.adversary, offset)
             coeff = self.pd.loss_metrics[self.ppgd_index].coeff  # type: ignore[index]
             lr = self.ppgd.lr(state.step)
-            sources, source_opt = self.ppgd.ascend(
-                aux["adversary"]["sources"],
-                aux["adversary"]["opt_state"],
-                {k: g / coeff for k, g in source_grads.items()},
-                lr,
-            )
+            with jax.named_scope("pd.ppgd_ascent"):
+                sources, source_opt = self.ppgd.ascend(
+                    aux["adversary"]["sources"],
+                    aux["adversary"]["opt_state"],
+                    {k: g / coeff for k, g in source_grads.items()},
+                    lr,
+                )
             adversary = {"sources": sources, "opt_state": source_opt}
             metrics["lr/ppgd"] = lr
         params, opt_state = {}, {}
         metrics.update({f"loss/{k}": v for k, v in aux["terms"].items()})
         metrics["loss/total"] = total
         for g in GROUPS:
-            updates, opt_state[g] = self.tx[g].update(grads[g], state.opt_state[g], state.params[g])
-            params[g] = optax.apply_updates(state.params[g], updates)
-            metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
+            with jax.named_scope(f"pd.optimizer.{g}"):
+                updates, opt_state[g] = self.tx[g].update(
+                    grads[g], state.opt_state[g], state.params[g]
+                )
+                params[g] = optax.apply_updates(state.params[g], updates)
+                metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
             metrics[f"lr/{g}"] = self.schedules[g](state.step)
         if "pnorm" in aux:
             metrics["pnorm"] = aux["pnorm"]

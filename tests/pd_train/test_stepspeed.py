@@ -1,0 +1,104 @@
+"""``runtime.remat.recon_layers``: each masked-forward layer recomputed in the backward (the
+default run's setting, docs/findings.md section 10). Same step, fewer stored activations."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pd_train.config import (
+    MLPCI,
+    ChunkwiseSubsetRecon,
+    DecompositionTarget,
+    Faithfulness,
+    ImportanceMinimality,
+    OptimizerConfig,
+    PDConfig,
+    PersistentPGDRecon,
+    PGDOptimizer,
+    RematConfig,
+    RuntimeConfig,
+    StochasticRecon,
+)
+from pd_train.configs import builtin_config
+from pd_train.models import llama
+from pd_train.models.llama_config import LlamaConfig
+from pd_train.run_config import load_config
+from pd_train.step import Trainer, step_key
+
+TINY = LlamaConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+FAST = {"xla_backend_optimization_level": 0}
+B, T = 4, 8
+
+#: Every recon path the default run takes: route-all, chunkwise subset (chunks that cut a
+#: layer, so copy / frozen / live layers all occur) and persistent PGD with warm-up ascents.
+PD = PDConfig(
+    steps=10,
+    batch_size=B,
+    decomposition_targets=(DecompositionTarget(module_pattern="layers.*", C=4),),
+    ci=MLPCI(hidden_dims=(4,)),
+    loss_metrics=(
+        Faithfulness(coeff=100.0),
+        ImportanceMinimality(coeff=1e-3),
+        StochasticRecon(coeff=1.0),
+        ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=5),
+        PersistentPGDRecon(
+            coeff=0.5,
+            scope="bsc",
+            n_warmup_steps=2,
+            optimizer=PGDOptimizer(type="adam", lr=0.05, b1=0.5, b2=0.99),
+        ),
+    ),
+    components=OptimizerConfig(lr=1e-3),
+    ci_fn=OptimizerConfig(lr=1e-3),
+)
+
+
+def _step(recon_layers: bool) -> tuple[Trainer, object, dict]:
+    runtime = RuntimeConfig(remat=RematConfig(recon_layers=recon_layers))
+    trainer = Trainer(TINY, PD, runtime, compiler_options=FAST, seq_len=T)
+    target = llama.init_params(TINY, key=jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab_size, (B, T)), jnp.int32)
+    state = trainer.init_state(key=jax.random.key(1))
+    jaxpr = jax.make_jaxpr(trainer._step)(state, target, tokens, step_key(jax.random.key(2), 0))
+    state, metrics = trainer.train_step(state, target, tokens, step_key(jax.random.key(2), 0))
+    return trainer, jaxpr, {"state": state, "metrics": metrics}
+
+
+def test_layer_remat_keeps_the_step_and_checkpoints_only_the_layers() -> None:
+    """One step with and without ``recon_layers``: every loss term, L0, the grad norms, the new
+    params and the persistent-PGD sources agree to float noise; the remat'd step holds
+    checkpointed layer bodies (one per masked-forward layer scan), the plain one none."""
+    _, plain_jaxpr, plain = _step(False)
+    _, remat_jaxpr, remat = _step(True)
+    assert "checkpoint" not in str(plain_jaxpr) and "remat" not in str(plain_jaxpr)
+    text = str(remat_jaxpr)
+    assert text.count("checkpoint") + text.count("remat") >= 3  # route-all, chunks, PPGD
+    for name, value in plain["metrics"].items():
+        np.testing.assert_allclose(
+            jax.tree.leaves(remat["metrics"][name]),
+            jax.tree.leaves(value),
+            rtol=2e-5,
+            atol=1e-7,
+            err_msg=name,
+        )
+    for a, b in zip(jax.tree.leaves(remat["state"]), jax.tree.leaves(plain["state"]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_the_default_run_recomputes_layers_and_ci_and_other_configs_do_not() -> None:
+    """The shipped default opts in (CPU: overhead-bound); the field defaults to off, so the
+    production configs keep their own remat settings."""
+    config, _ = load_config(str(builtin_config("default")))
+    assert config.runtime.remat.recon_layers and config.runtime.remat.ci_fn
+    assert not config.runtime.remat.recon  # no chunk-level recompute
+    assert RematConfig().recon_layers is False
+    assert RuntimeConfig().remat.recon_layers is False
