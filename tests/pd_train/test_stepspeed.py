@@ -102,3 +102,61 @@ def test_the_default_run_recomputes_layers_and_ci_and_other_configs_do_not() -> 
     assert not config.runtime.remat.recon  # no chunk-level recompute
     assert RematConfig().recon_layers is False
     assert RuntimeConfig().remat.recon_layers is False
+
+
+def test_a_one_chunk_plan_is_traced_specialized_with_the_scanned_values() -> None:
+    """A route-all plan with one draw (stochastic recon, persistent PGD) is traced with static
+    liveness: no per-layer switch in its program, and the loss and gradients of the scanned
+    path (``masked_forward`` with liveness as data: copy / frozen / live switch per layer)."""
+    from pd_train._forward import CleanRunner, masked_forward
+    from pd_train.losses.recon import all_sites_plan, output_divergence, recon_loss, site_grid
+
+    from .test_recon import DEC, SPEC, _data
+
+    target, comps, ci, tokens = _data()
+    key = jax.random.key(3)
+
+    def clean() -> tuple[jax.Array, jax.Array]:
+        runner = CleanRunner(SPEC, target, tokens)
+        logits, _ = runner.run(lambda kind, x, xs: None, {})
+        return logits, runner.stream  # type: ignore[return-value]
+
+    def specialized(comps: dict, ci: dict) -> jax.Array:
+        logits, stream = clean()
+        return recon_loss(
+            SPEC,
+            all_sites_plan(DEC),
+            n_samples=1,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            clean_logits=logits,
+            clean_stream=stream,
+            key=key,
+        )
+
+    def scanned(comps: dict, ci: dict) -> jax.Array:
+        logits, stream = clean()
+        draw_key = jax.random.fold_in(jax.random.fold_in(key, 0), 0)
+        masked = masked_forward(
+            SPEC,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            live=jnp.asarray(site_grid(DEC) >= 0),  # traced liveness: the switch per layer
+            routed=None,
+            key=jax.random.fold_in(draw_key, 0),
+            clean_stream=stream,
+        )
+        return output_divergence(SPEC, logits, masked)
+
+    assert "cond[" not in str(jax.make_jaxpr(specialized)(comps, ci))
+    assert "cond[" in str(jax.make_jaxpr(scanned)(comps, ci))
+    grad = jax.value_and_grad
+    (v1, g1), (v2, g2) = grad(specialized, (0, 1))(comps, ci), grad(scanned, (0, 1))(comps, ci)
+    assert float(v1) > 0
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
