@@ -168,3 +168,38 @@ def test_no_toy_is_named_like_a_shipped_config() -> None:
 
     assert builtin_configs() and TOYS
     assert not set(builtin_configs()) & set(TOYS)
+
+
+def test_pd_train_run_relaunches_with_huge_page_malloc() -> None:
+    """`pd-train run` re-executes itself once with glibc's huge-page malloc tunable (the train
+    step's per-step buffers otherwise fault in ~96,000 fresh 4 KiB pages each step), keeping
+    other tunables, never twice, and not when opted out."""
+    from pd_train.cli import HUGEPAGE_TUNABLE, hugepage_environment
+
+    if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc 2."):
+        pytest.skip("not glibc")
+    env = hugepage_environment({"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    if env is None:
+        pytest.skip("glibc older than 2.35")
+    assert env == {
+        "PATH": "/bin",
+        "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{HUGEPAGE_TUNABLE}",
+    }
+    assert hugepage_environment({})["GLIBC_TUNABLES"] == HUGEPAGE_TUNABLE  # type: ignore[index]
+    assert hugepage_environment(env) is None  # the relaunched process does not relaunch
+    assert hugepage_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert hugepage_environment({"PD_TRAIN_HUGEPAGES": "0"}) is None
+    # The relaunched process itself: same arguments, the tunable in its environment.
+    code = (
+        "import os, sys\n"
+        "sys.argv = ['pd-train', 'run', '--help']\n"
+        "if 'hugetlb' in os.environ.get('GLIBC_TUNABLES', ''):\n"
+        "    print('relaunched', sys.orig_argv[-2:]); sys.exit(0)\n"
+        "from pd_train import cli\n"
+        "cli.main()\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "run", "--help"], capture_output=True, text=True, env=clean
+    )
+    assert "relaunched" in out.stdout, out.stdout + out.stderr

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pd_train import __version__
@@ -142,7 +142,47 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+#: The glibc tunable (glibc >= 2.35) that has malloc back its large blocks with transparent
+#: huge pages. XLA:CPU takes its per-execution buffers from malloc; with 4 KiB pages the default
+#: config's train step faulted in ~96,000 fresh pages per step (~0.22 CPU s of kernel time in a
+#: 0.73 CPU s step); with huge pages ~300 (0.46 CPU s per step).
+HUGEPAGE_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def hugepage_environment(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The environment to relaunch ``pd-train run`` in, with :data:`HUGEPAGE_TUNABLE` added to
+    ``GLIBC_TUNABLES`` (glibc reads it only at process start); None when it is set already,
+    when ``PD_TRAIN_HUGEPAGES=0`` opts out, or off Linux with glibc >= 2.35."""
+    if environ.get("PD_TRAIN_HUGEPAGES", "1") == "0" or sys.platform != "linux":
+        return None
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return None
+    try:
+        name, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").split()  # "glibc 2.36"
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except (AttributeError, OSError, ValueError):
+        return None
+    if name != "glibc" or (major, minor) < (2, 35):
+        return None
+    return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, HUGEPAGE_TUNABLE) if t)}
+
+
+def _relaunch_with_hugepages() -> None:
+    """Replace this process (same pid, same arguments) by one with huge-page malloc; called
+    first thing by the ``pd-train run`` program (not by ``main([...])`` in a test)."""
+    env = hugepage_environment(os.environ)
+    if env is None:
+        return
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    except OSError:
+        return  # keep running as we are
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["run"]:
+        _relaunch_with_hugepages()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
