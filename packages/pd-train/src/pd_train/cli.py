@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pd_train import __version__
-from pd_train._config_io import add_override_argument
 
 DEFAULT_CONFIG = "builtin:default"
 EXIT_INTERRUPTED = 130  # pd_train.run.EXIT_INTERRUPTED (not imported: it pulls the run module)
@@ -40,6 +39,8 @@ def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False)
         default=DEFAULT_CONFIG if optional else None,
         help="YAML config (builtin:default names the embedded tiny decomposition)",
     )
+    from pd_train._config_io import add_override_argument  # cattrs, yaml: after a relaunch
+
     add_override_argument(parser)
 
 
