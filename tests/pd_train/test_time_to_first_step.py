@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -203,3 +204,50 @@ def test_pd_train_run_relaunches_with_huge_page_malloc() -> None:
         [sys.executable, "-c", code, "run", "--help"], capture_output=True, text=True, env=clean
     )
     assert "relaunched" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_path: Path) -> None:
+    """The jits a fresh run calls before step 0 (params, optimizer state, persistent-PGD sources
+    and their state, the warm-up's init and step) are stored by the first launch and loaded,
+    untraced, by the next; the state and warm-up losses equal the plain jits' bit for bit."""
+    from pd_train.run import StepProgram
+    from pd_train.step import Trainer
+
+    from .test_pgd import FAST, TINY, T, _pd, _target
+
+    init_names = {"stacked", "_opt_init", "init_opt_state", "init", "_warmup"}
+
+    def launch(cache_dir: Path | None) -> tuple[dict[str, str], list[str], list[Any]]:
+        """A new trainer (no jit has run): its init state and 2 warm-up steps."""
+        trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+        program = StepProgram(trainer, target_dtype=jnp.float32, recorder=None, cache_dir=cache_dir)
+        trainer.programs = program.init_programs()
+        assert (trainer.programs is None) == (cache_dir is None)
+        traced: list[str] = []
+
+        def on_trace(event: str, _: float, **kwargs: Any) -> None:
+            if event == "/jax/core/compile/jaxpr_trace_duration":
+                traced.append(str(kwargs.get("fun_name")))
+
+        jax.monitoring.register_event_duration_secs_listener(on_trace)
+        try:
+            state = trainer.init_state(key=jax.random.key(5))
+            state, losses = trainer.faithfulness_warmup(state, _target(), steps=2)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(on_trace)
+        return program.init_outcomes, traced, [*jax.tree.leaves(state), *losses]
+
+    names = ["init_params", "opt_init", "init_sources", "init_sources_opt"]
+    names += ["warmup_init", "warmup_step"]
+    _, _, plain = launch(None)
+    outcomes, traced, first = launch(tmp_path)
+    assert outcomes == dict.fromkeys(names, "miss")
+    assert init_names & set(traced), traced  # the first launch traced them
+    assert len(list((tmp_path / "executables").glob("*.jaxexe"))) == len(names)
+    outcomes, traced, warm = launch(tmp_path)
+    assert outcomes == dict.fromkeys(names, "hit")
+    assert not init_names & set(traced), traced
+    assert len(plain) == len(first) == len(warm) > 10
+    for a, b, c in zip(plain, first, warm, strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        np.testing.assert_array_equal(np.asarray(c), np.asarray(a))

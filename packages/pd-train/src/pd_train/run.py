@@ -616,6 +616,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             announce=primary,
         )
         step_program.start()
+        # The init and warm-up jits load from the same executable cache (a warm launch skips
+        # their trace and lowering).
+        trainer.programs = step_program.init_programs()
         # What the rest of the run needs is imported while the step loads in its thread.
         import jax.numpy as jnp
         import numpy as np
@@ -679,6 +682,9 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                         i - n_warm, "warmup", {"loss/faithfulness": value}
                     ),
                 )
+        trainer.programs = None
+        if step_program.init_outcomes:
+            recorder.note(init_executable_cache=dict(step_program.init_outcomes))
         # Fresh, warmed-up and restored states enter the step laid out alike (DESIGN decision 8).
         state = _canonical_state(trainer, state)
         run_key = _replicated(trainer, run_key)
@@ -875,6 +881,8 @@ class StepProgram:
         # The source as imported (read right after the imports): a file edited while this run
         # starts changes the digest read after the compile, and nothing is stored.
         self._source = source_digest() if self.cache is not None else ""
+        #: ``{init or warm-up jit name: executable-cache outcome}`` (see :meth:`init_programs`).
+        self.init_outcomes: dict[str, str] = {}
 
     def key(self) -> str:
         return trainer_program_key("train_step", self.trainer, self.target_dtype, self._source)
@@ -922,6 +930,44 @@ class StepProgram:
         except Exception as exc:  # reported at the first step, which falls back to the jit
             self.error = exc
 
+    def init_programs(self) -> Any:
+        """A :attr:`Trainer.programs` serving the init and warm-up jits from this program's
+        executable cache (None without one): each is loaded, or lowered, compiled and stored
+        (when compiled here, as the step), keyed by its name, the trainer's configs, the source
+        and its arguments' shapes, dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
+        if self.cache is None:
+            return None
+        from pd_train.runtime_env import source_digest
+
+        cache = self.cache
+
+        def programs(name: str, jit: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            import jax
+
+            signature = jax.tree.map(
+                lambda a: (tuple(a.shape), str(a.dtype), repr(getattr(a, "sharding", None))),
+                (args, kwargs),
+            )
+            key = trainer_program_key(
+                f"{name} {jax.tree.structure((args, kwargs))} {signature}",
+                self.trainer,
+                self.target_dtype,
+                self._source,
+            )
+            compiled = cache.load(key)
+            outcome = "hit"
+            if compiled is None:
+                compiled, stored = cache.compile_and_store(
+                    key,
+                    jit.lower(*args, **kwargs),
+                    unchanged=lambda: source_digest() == self._source,
+                )
+                outcome = "miss" if stored else "miss, not stored"
+            self.init_outcomes[name] = outcome
+            return _ProgramOrJit(name, compiled, jit)
+
+        return programs
+
     def start_eval(self, evaluator: Any) -> None:
         """Start ``evaluator``'s ahead-of-time compile (:meth:`Evaluator.compile_ahead`), with
         this program's executable cache, source digest and recorder."""
@@ -964,6 +1010,23 @@ class StepProgram:
         if self.compiled is None:
             return self.trainer.train_step(state, target, tokens, key)
         return self.compiled(state, target, tokens, key)
+
+
+class _ProgramOrJit:
+    """A compiled program called like its jit; if it refuses the arguments (a layout that
+    drifted from the one it was built for) the jit runs instead, with a warning."""
+
+    def __init__(self, name: str, compiled: Any, jit: Any) -> None:
+        self.name, self.compiled, self.jit = name, compiled, jit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                log.warning("%s: the compiled program refused the arguments: %s", self.name, exc)
+                self.compiled = None
+        return self.jit(*args, **kwargs)
 
 
 def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:

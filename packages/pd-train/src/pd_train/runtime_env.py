@@ -267,8 +267,11 @@ class ExecutableCache:
         from jax.experimental import serialize_executable
 
         try:
-            # The program's devices in its own order (its arguments' device assignment).
-            shardings = jax.tree.leaves(compiled.input_shardings)
+            # The program's devices in its own order: its arguments' device assignment, or its
+            # results' when it keeps no argument (an init that reads only shapes).
+            shardings = jax.tree.leaves(compiled.input_shardings) or jax.tree.leaves(
+                compiled.output_shardings
+            )
             devices = shardings[0]._device_assignment if shardings else jax.devices()
             payload = pickle.dumps(
                 ([d.id for d in devices], serialize_executable.serialize(compiled))

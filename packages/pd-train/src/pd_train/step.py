@@ -189,6 +189,21 @@ class Trainer:
         self._init_plan: pd_init.InitPlan | None = None
         self._init_stack_jit: Any = None
         self._opt_init_jit: Any = None
+        #: Where the init and warm-up jits (params, optimizer state, PGD sources and their
+        #: state, warm-up init and step) get their programs: ``programs(name, jit, args,
+        #: kwargs)`` returns a callable like ``jit`` for those arguments (``pd-train run`` serves
+        #: them from its executable cache). None: the jits themselves.
+        self.programs: Callable[[str, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+
+    def _program(self, name: str, jit: Any, *args: Any, **kwargs: Any) -> Any:
+        """``jit``, or the program :attr:`programs` gives for these arguments."""
+        if self.programs is None:
+            return jit
+        return self.programs(name, jit, args, kwargs)
+
+    def _run(self, name: str, jit: Any, *args: Any, **kwargs: Any) -> Any:
+        """``jit(*args, **kwargs)`` through :meth:`_program`."""
+        return self._program(name, jit, *args, **kwargs)(*args, **kwargs)
 
     def _jit(self, fn: Any, **kwargs: Any) -> Any:
         return jax.jit(fn, compiler_options=self.compiler_options or None, **kwargs)
@@ -322,9 +337,10 @@ class Trainer:
         abstract = self.abstract_params()
         plan = self.init_plan()
         if self.runtime.init == "per_array":
-            stacks = self._init_stack_fn()(plan.init_reference(key=key))
+            arrays = self._run("init_params", plan.reference_fn, key=key)
+            stacks = self._run("init_stack", self._init_stack_fn(), arrays)
         else:
-            stacks = plan.init_stacked(key=key).stacks
+            stacks = self._run("init_params", plan.stacked_fn, key=key)
         # The pd-init group of each leaf is its dotted path: ``components.q_proj.V``,
         # ``ci_fn.q_proj.w0``, ``ci_fn.blocks.wq``.
         return jax.tree_util.tree_map_with_path(lambda p, _: stacks[_group_name(p)], abstract)
@@ -410,18 +426,21 @@ class Trainer:
         PGD its sources (pd-init, stacked, from the same key: their names differ) and zeroed
         source optimizer state, all in their shardings."""
         params = self.init_params(key=key)
-        opt_state = self._opt_init_fn()(params)
+        opt_state = self._run("opt_init", self._opt_init_fn(), params)
         step = jnp.zeros((), jnp.int32)
         if self.layout is not None:
             step = jax.device_put(step, self.layout.replicated())
         adversary: dict[str, Any] = {}
         if self.ppgd is not None:
-            sources = self.ppgd.init_sources(key=key)
+            # ``PersistentPGD.init_sources``'s stacked jit, through :meth:`_program`.
+            stacks = self._run("init_sources", self.ppgd.init_plan().stacked_fn, key=key)
+            sources = {k.kind: stacks[f"ppgd.{k.kind}"] for k in self.ppgd.decomposition.kinds}
             shardings = self.ppgd.shardings()
             kwargs = {} if shardings is None else {"out_shardings": shardings["opt_state"]}
+            init_opt = self._jit(self.ppgd.init_opt_state, **kwargs)
             adversary = {
                 "sources": sources,
-                "opt_state": self._jit(self.ppgd.init_opt_state, **kwargs)(sources),
+                "opt_state": self._run("init_sources_opt", init_opt, sources),
             }
         return TrainState(step=step, params=params, opt_state=opt_state, adversary=adversary)
 
@@ -767,10 +786,11 @@ class Trainer:
         if steps == 0:
             return state, []
         components = state.params["components"]
-        opt_state = self._warmup_init(components)
+        opt_state = self._run("warmup_init", self._warmup_init, components)
+        warmup_step = self._program("warmup_step", self._warmup_step, components, opt_state, target)
         losses = []
         for i in range(steps):
-            components, opt_state, value = self._warmup_step(components, opt_state, target)
+            components, opt_state, value = warmup_step(components, opt_state, target)
             losses.append(value)
             if on_step is not None:
                 on_step(i, float(value))
