@@ -434,7 +434,7 @@ class Trainer:
         if self.ppgd is not None:
             # ``PersistentPGD.init_sources``'s stacked jit, through :meth:`_program`.
             stacks = self._run("init_sources", self.ppgd.init_plan().stacked_fn, key=key)
-            sources = {k.kind: stacks[f"ppgd.{k.kind}"] for k in self.ppgd.decomposition.kinds}
+            sources = self.ppgd.sources_from_stacks(stacks)
             shardings = self.ppgd.shardings()
             kwargs = {} if shardings is None else {"out_shardings": shardings["opt_state"]}
             init_opt = self._jit(self.ppgd.init_opt_state, **kwargs)

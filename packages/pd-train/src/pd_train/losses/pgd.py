@@ -253,7 +253,10 @@ class PersistentPGD:
 
     def init_sources(self, *, key: jax.Array) -> Sources:
         """The sources, stacked per kind by pd-init's stacked jit, in their shardings."""
-        stacks = self.init_plan().init_stacked(key=key).stacks
+        return self.sources_from_stacks(self.init_plan().init_stacked(key=key).stacks)
+
+    def sources_from_stacks(self, stacks: Mapping[str, jax.Array]) -> Sources:
+        """The sources per kind from the stacks of :meth:`init_plan` (named ``ppgd.<kind>``)."""
         return {layout.kind: stacks[f"ppgd.{layout.kind}"] for layout in self.decomposition.kinds}
 
     def init_opt_state(self, sources: Mapping[str, jax.Array]) -> dict[str, Any]:
