@@ -239,12 +239,23 @@ def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_pat
 
     names = ["init_params", "opt_init", "init_sources", "init_sources_opt"]
     names += ["warmup_init", "warmup_step"]
-    _, _, plain = launch(None)
-    outcomes, traced, first = launch(tmp_path)
-    assert outcomes == dict.fromkeys(names, "miss")
-    assert init_names & set(traced), traced  # the first launch traced them
-    assert len(list((tmp_path / "executables").glob("*.jaxexe"))) == len(names)
-    outcomes, traced, warm = launch(tmp_path)
+    # An earlier in-process run may have left JAX's persistent cache on: the plain launch
+    # would fill it and the next launch's programs would come from it ("miss, not stored").
+    from jax._src import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        _, _, plain = launch(None)
+        outcomes, traced, first = launch(tmp_path)
+        assert outcomes == dict.fromkeys(names, "miss")
+        assert init_names & set(traced), traced  # the first launch traced them
+        assert len(list((tmp_path / "executables").glob("*.jaxexe"))) == len(names)
+        outcomes, traced, warm = launch(tmp_path)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
     assert outcomes == dict.fromkeys(names, "hit")
     assert not init_names & set(traced), traced
     assert len(plain) == len(first) == len(warm) > 10
