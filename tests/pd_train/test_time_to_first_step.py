@@ -190,6 +190,8 @@ def test_pd_train_run_relaunches_with_huge_page_malloc() -> None:
     assert hugepage_environment(env) is None  # the relaunched process does not relaunch
     assert hugepage_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
     assert hugepage_environment({"PD_TRAIN_HUGEPAGES": "0"}) is None
+    with pytest.raises(ValueError, match=r"PD_TRAIN_HUGEPAGES: got 'no'; must be 0 \(off\) or 1"):
+        hugepage_environment({"PD_TRAIN_HUGEPAGES": "no"})  # never read as on or off
     # The relaunched process itself: same arguments, the tunable in its environment.
     code = (
         "import os, sys\n"

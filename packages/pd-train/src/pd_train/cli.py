@@ -154,7 +154,11 @@ def hugepage_environment(environ: Mapping[str, str]) -> dict[str, str] | None:
     """The environment to relaunch ``pd-train run`` in, with :data:`HUGEPAGE_TUNABLE` added to
     ``GLIBC_TUNABLES`` (glibc reads it only at process start); None when it is set already,
     when ``PD_TRAIN_HUGEPAGES=0`` opts out, or off Linux with glibc >= 2.35."""
-    if environ.get("PD_TRAIN_HUGEPAGES", "1") == "0" or sys.platform != "linux":
+    opt = environ.get("PD_TRAIN_HUGEPAGES", "1")
+    if opt not in ("0", "1"):
+        msg = f"PD_TRAIN_HUGEPAGES: got {opt!r}; must be 0 (off) or 1 (on, the default)"
+        raise ValueError(msg)
+    if opt == "0" or sys.platform != "linux":
         return None
     tunables = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables:
@@ -183,7 +187,10 @@ def _relaunch_with_hugepages() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] == ["run"]:
-        _relaunch_with_hugepages()
+        try:
+            _relaunch_with_hugepages()
+        except ValueError as err:
+            return _fail(str(err))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
