@@ -27,10 +27,11 @@ from pd_train.config import (
     RuntimeConfig,
 )
 from pd_train.models import llama
-from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import masks
 from pd_train.squash import lower_leaky_hard, lower_leaky_hard_deferred, unit_clip
 from pd_train.step import Trainer
+
+from .test_step import FAST, TINY
 
 # Exact 0 and 1, both sides of them, far outside [0, 1].
 X = jnp.asarray([-3.0, -1e-7, 0.0, 1e-7, 0.25, 0.5, 1.0 - 1e-7, 1.0, 1.0 + 1e-7, 2.5])
@@ -70,15 +71,6 @@ def test_masks_of_an_already_clipped_ci_are_unchanged() -> None:
     np.testing.assert_array_equal(np.asarray(jax.grad(new)(ci)), np.asarray(jax.grad(old)(ci)))
 
 
-TINY = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
-FAST = {"xla_backend_optimization_level": 0}
 B, T = 4, 8
 
 
