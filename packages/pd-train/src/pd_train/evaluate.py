@@ -298,7 +298,9 @@ class Evaluator:
         self._ahead = None
         thread.join()
         if result.get("compiled") is not None:
-            self._eval = _Precompiled(result["compiled"], self._eval)
+            from pd_train.runtime_env import ProgramOrJit
+
+            self._eval = ProgramOrJit("eval", result["compiled"], self._eval)
         else:
             log.warning(
                 "eval: the ahead-of-time compile failed (%r); compiling at this call instead",
@@ -354,21 +356,3 @@ class Evaluator:
         if recon is not None:
             record.update(recon.record())
         return record
-
-
-class _Precompiled:
-    """A compiled program called like its jit; if it refuses the arguments (their layout
-    drifted from the abstract one it was compiled for: a bug), the jit runs instead."""
-
-    def __init__(self, compiled: Any, jit: Any) -> None:
-        self.compiled: Any = compiled
-        self.jit = jit
-
-    def __call__(self, *args: Any) -> Any:
-        if self.compiled is not None:
-            try:
-                return self.compiled(*args)
-            except (TypeError, ValueError) as exc:
-                log.warning("eval: the compiled program refused the arguments: %s", exc)
-                self.compiled = None
-        return self.jit(*args)

@@ -937,7 +937,7 @@ class StepProgram:
         and its arguments' shapes, dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
         if self.cache is None:
             return None
-        from pd_train.runtime_env import source_digest
+        from pd_train.runtime_env import ProgramOrJit, source_digest
 
         cache = self.cache
 
@@ -964,7 +964,7 @@ class StepProgram:
                 )
                 outcome = "miss" if stored else "miss, not stored"
             self.init_outcomes[name] = outcome
-            return _ProgramOrJit(name, compiled, jit)
+            return ProgramOrJit(name, compiled, jit)
 
         return programs
 
@@ -1010,23 +1010,6 @@ class StepProgram:
         if self.compiled is None:
             return self.trainer.train_step(state, target, tokens, key)
         return self.compiled(state, target, tokens, key)
-
-
-class _ProgramOrJit:
-    """A compiled program called like its jit; if it refuses the arguments (a layout that
-    drifted from the one it was built for) the jit runs instead, with a warning."""
-
-    def __init__(self, name: str, compiled: Any, jit: Any) -> None:
-        self.name, self.compiled, self.jit = name, compiled, jit
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.compiled is not None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except (TypeError, ValueError) as exc:
-                log.warning("%s: the compiled program refused the arguments: %s", self.name, exc)
-                self.compiled = None
-        return self.jit(*args, **kwargs)
 
 
 def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:

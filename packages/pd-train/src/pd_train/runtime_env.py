@@ -199,6 +199,23 @@ def compile_counting_persistent_hits(lowered: Any) -> tuple[Any, int]:
     return compiled, hits
 
 
+class ProgramOrJit:
+    """A compiled program called like its jit; if it refuses the arguments (a layout that
+    drifted from the one it was built for) the jit runs instead, with a warning."""
+
+    def __init__(self, name: str, compiled: Any, jit: Any) -> None:
+        self.name, self.compiled, self.jit = name, compiled, jit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                log.warning("%s: the compiled program refused the arguments: %s", self.name, exc)
+                self.compiled = None
+        return self.jit(*args, **kwargs)
+
+
 class ExecutableCache:
     """Compiled programs serialized to ``directory``, one file per :func:`program_key`.
 
