@@ -163,6 +163,7 @@ def masked_forward(
     clean_stream: jax.Array | None = None,
     source_scale: jax.Array | None = None,
     sources: Mapping[str, jax.Array] | None = None,
+    ci_first: jax.Array | None = None,
 ) -> jax.Array:
     """Logits [B, T, vocab] of the target with live sites on their component path.
 
@@ -177,6 +178,10 @@ def masked_forward(
     traced forward serves both (evaluation scans its mask modes this way); None: no scaling.
     sources: given sources instead of drawn ones (PGD): sources[kind] [n_k, B | 1, T | 1, C + 1],
     broadcast over the batch and positions; ``key`` is then unused.
+    ci_first: None, or a layer number (may be traced) when ``ci_lower`` holds a window of layers:
+    ci_lower[kind] [n, B, T, C] for layers [ci_first, ci_first + n), every kind decomposed at
+    every layer, and every live layer inside the window (a layer-aligned recon chunk's own CI,
+    so the backward accumulates only the window's gradient); needs a traced ``live``.
 
     ``live`` as a traced array: each layer picks copy, frozen or live with ``lax.switch`` (one
     body for any liveness: what the chunk scan needs). ``live`` as a numpy array: the forward is
@@ -218,7 +223,9 @@ def masked_forward(
             if frozen:
                 xs: dict[str, Any] = {"layer": _slice(target["layers"], start, stop - start)}
             else:
-                xs = _layer_xs(spec, seg, start, stop, target, components, ci_lower, sources)
+                xs = _layer_xs(
+                    spec, seg, start, stop, target, components, ci_lower, sources, ci_first
+                )
             if flags is None:  # dynamic: which branch each layer takes is data
                 xs["live"] = seg_live
                 xs["copy"] = jnp.arange(start, stop) < first
@@ -227,7 +234,14 @@ def masked_forward(
             if routed is not None and not frozen:
                 xs["routed"] = routed[start:stop][:, cols]
             body = _masked_body(
-                spec, seg, ctx, key, flags, frozen=frozen, source_scale=source_scale
+                spec,
+                seg,
+                ctx,
+                key,
+                flags,
+                frozen=frozen,
+                source_scale=source_scale,
+                ci_window=ci_lower if ci_first is not None else None,
             )
             if spec.remat_layers:
                 body = jax.checkpoint(body)
@@ -256,8 +270,10 @@ def _layer_xs(
     components: Mapping[str, Mapping[str, jax.Array]],
     ci_lower: Mapping[str, jax.Array],
     sources: Mapping[str, jax.Array] | None = None,
+    ci_first: jax.Array | None = None,
 ) -> dict[str, Any]:
-    """Per-layer inputs of layers [start, stop) of ``seg``: static slices of every stack."""
+    """Per-layer inputs of layers [start, stop) of ``seg``: static slices of every stack (with
+    ``ci_first``, the CI window's row of each layer, ``ci_index``, instead of CI slices)."""
     size = stop - start
     kinds = spec.target.kinds
     offsets = [(k, o + start - seg.start) for k, o in zip(seg.kinds, seg.offsets, strict=True)]
@@ -269,8 +285,12 @@ def _layer_xs(
         ),
         "V": {k: _slice(components[k]["V"], o, size) for k, o in offsets},
         "U": {k: _slice(components[k]["U"], o, size) for k, o in offsets},
-        "ci": {k: _slice(ci_lower[k], o, size) for k, o in offsets},
     }
+    if ci_first is None:
+        xs["ci"] = {k: _slice(ci_lower[k], o, size) for k, o in offsets}
+    else:
+        window = next(iter(ci_lower.values())).shape[0]
+        xs["ci_index"] = jnp.clip(jnp.arange(start, stop) - ci_first, 0, window - 1)
     if sources is not None:
         xs["source"] = {k: _slice(sources[k], o, size) for k, o in offsets}
     return xs
@@ -316,6 +336,7 @@ def _masked_body(
     *,
     frozen: bool = False,
     source_scale: jax.Array | None = None,
+    ci_window: Mapping[str, jax.Array] | None = None,
 ) -> Callable[[jax.Array, Tree], tuple[jax.Array, None]]:
     """The layer body. ``flags``: static live kinds (no branches). None: per layer, copy the
     clean stream (``xs["copy"]``, before the first live layer), else run the live layer if
@@ -323,6 +344,14 @@ def _masked_body(
     arch = spec.target
 
     def body(h: jax.Array, xs: Tree) -> tuple[jax.Array, None]:
+        if "ci_index" in xs:  # this layer's row of the CI window
+            assert ci_window is not None
+            row = {
+                k: jax.lax.dynamic_index_in_dim(ci_window[k], xs["ci_index"], keepdims=False)
+                for k in seg.kinds
+            }
+            xs = {**xs, "ci": row}
+
         def live_layer(h: jax.Array) -> jax.Array:
             def linear(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
                 xw = x @ w.astype(x.dtype)
