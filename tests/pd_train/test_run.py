@@ -143,6 +143,8 @@ def test_second_launch_hits_the_compile_cache(
     # no lowering, no backend compile (not even a persistent-cache lookup).
     assert record["notes"]["train_step_executable_cache"] == "hit", record["notes"]
     assert record["jits"]["train_step"]["compiles"] == []
+    # Loaded from start_runtime on, before the run's recorder existed (a note, not a phase).
+    assert record["notes"]["train_step_load_seconds"] > 0, record["notes"]
     assert all(c["cache"] == "hit" for jit in record["jits"].values() for c in jit["compiles"])
     first = json.loads((uninterrupted / "compile.json").read_text())
     assert first["notes"]["train_step_executable_cache"] == "miss"

@@ -264,3 +264,73 @@ def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_pat
     for a, b, c in zip(plain, first, warm, strict=True):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
         np.testing.assert_array_equal(np.asarray(c), np.asarray(a))
+
+
+def test_the_step_starts_loading_before_the_run_attaches_its_recorder(tmp_path: Path) -> None:
+    """`pd-train run` starts the step's thread in start_runtime, before the run dir and its
+    compile recorder exist: a cached program loads at once, with no recorder; a program that
+    must compile waits (untraced) for `attach`, and `cancel` ends that wait."""
+    from pd_train.run import StepProgram
+    from pd_train.step import Trainer
+
+    from .test_pgd import FAST, TINY, T, _pd
+
+    trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+    # A miss: the thread waits for the recorder, tracing nothing meanwhile.
+    traced: list[str] = []
+
+    def on_trace(event: str, _: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(on_trace)
+    try:
+        waiting = StepProgram(trainer, target_dtype=jnp.float32, recorder=None, cache_dir=tmp_path)
+        waiting.start()
+        waiting._thread.join(timeout=1.0)
+        assert waiting._thread.is_alive()
+        waiting.cancel()
+        waiting._thread.join(timeout=10)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_trace)
+    assert not waiting._thread.is_alive()
+    assert waiting.compiled is None and waiting.error is None
+    assert not [name for name in traced if "train_step" in name], traced
+
+    # A hit: whatever program the cache holds under the step's key is loaded with no recorder.
+    program = StepProgram(trainer, target_dtype=jnp.float32, recorder=None, cache_dir=tmp_path)
+    lowered = jax.jit(lambda x: x * 2.0).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+    _, stored = ExecutableCache(tmp_path / "executables").compile_and_store(program.key(), lowered)
+    assert stored
+    program.start()
+    program._thread.join(timeout=60)
+    assert program.outcome == "hit" and program.recorder is None
+    assert program.load_seconds is not None and program.load_seconds > 0
+    np.testing.assert_array_equal(program.compiled(jnp.ones(3)), 2.0 * np.ones(3))
+
+
+def test_exit_now_skips_the_teardown_but_not_the_output(tmp_path: Path) -> None:
+    """`pd-train run` ends with os._exit after its summary (the interpreter's teardown took ~1 s
+    after every file was closed): buffered output and log lines still come out, the exit code
+    is kept, exit hooks do not run; with a non-daemon thread still working it does not exit."""
+    marker = tmp_path / "atexit-ran"
+    code = (
+        "import atexit, logging, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from pd_train import cli\n"
+        f"atexit.register(lambda: Path({str(marker)!r}).write_text('x'))\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "sys.stdout.write('summary')\n"  # buffered: a pipe, no newline
+        "logging.getLogger('pd').warning('last log line')\n"
+        "if sys.argv[1] == 'busy':\n"
+        "    threading.Thread(target=time.sleep, args=(0.5,)).start()\n"
+        "cli.exit_now(3)\n"
+        "sys.exit(4)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, "idle"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (3, "summary"), out
+    assert "last log line" in out.stderr
+    assert not marker.exists()
+    out = subprocess.run([sys.executable, "-c", code, "busy"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (4, "summary"), out
+    assert marker.exists()

@@ -46,6 +46,13 @@ CONFIG_FILE = "config.yaml"
 COMPILE_FILE = "compile.json"
 METRICS_FILE = "metrics.jsonl"  # pd_train.outputs.METRICS_FILE (not imported: it pulls plots)
 
+#: The run's plots are rendered by worker processes (pd_train.outputs.PlotWorkers) started
+#: during the loop once the steps still to run are expected to take at least this many seconds
+#: (time for their imports on the core the step leaves idle); otherwise in the run's process.
+PLOT_WORKERS_AHEAD_S = 10.0
+#: How many plot workers (the plots are rendered in parallel after the last step).
+PLOT_WORKERS = 2
+
 
 @dataclass
 class Prepared:
@@ -264,8 +271,14 @@ def start_runtime(
     placement: Placement,
     *,
     run_dir: Path | None = None,
+    start_step: bool = False,
 ) -> Runtime:
-    """Launch environment, ``jax.distributed``, mesh, trainer; layout errors raise ConfigError."""
+    """Launch environment, ``jax.distributed``, mesh, trainer; layout errors raise ConfigError.
+
+    ``start_step`` (``pd-train run``): the train step starts loading from the executable cache
+    (or waits to compile, see :class:`StepProgram`) in a thread as soon as the trainer exists,
+    before the layout checks and the run dir's setup; :func:`execute` takes it over
+    (``Runtime.extra["step_program"]``)."""
     from pd_train import distributed
     from pd_train.runtime_env import apply_launch_env
 
@@ -312,13 +325,36 @@ def start_runtime(
             compiler_options=config.runtime.compiler_options,
             seq_len=config.data.seq_len,
         )
+    except pd_sharding.ShardingError as exc:
+        raise ConfigError([("runtime.mesh", str(exc))]) from None
+    extra: dict[str, Any] = {}
+    if start_step:
+        # A warm launch's critical path is this load (~2 s for the default step): it starts
+        # here, overlapping the layout checks, the run dir, the target, init and warm-up.
+        step_program = StepProgram(
+            trainer,
+            target_dtype=_target_dtype(config),
+            recorder=None,
+            cache_dir=configure_cache(config, disable=dump_dir is not None),
+            announce=placement.is_primary,
+        )
+        step_program.start()
+        extra["step_program"] = step_program
+    try:
         # Every sharding rule runs on abstract shapes now, before anything is allocated.
         trainer.abstract_state()
         trainer.abstract_target(_target_dtype(config))
     except pd_sharding.ShardingError as exc:
+        if start_step:
+            extra["step_program"].cancel()
         raise ConfigError([("runtime.mesh", str(exc))]) from None
     return Runtime(
-        prepared=prepared, placement=placement, mesh=mesh, trainer=trainer, hlo_dump_dir=dump_dir
+        prepared=prepared,
+        placement=placement,
+        mesh=mesh,
+        trainer=trainer,
+        hlo_dump_dir=dump_dir,
+        extra=extra,
     )
 
 
@@ -564,8 +600,16 @@ def execute(rt: Runtime, *, run_dir: Path, max_steps: int | None = None) -> RunR
     next step, with a checkpoint, plots and a summary, and returns normally (``stop_signal``
     says which); a second Ctrl-C aborts at once (exit 130).
     """
-    with _Stop() as stop:
-        return _execute(rt, run_dir=run_dir, max_steps=max_steps, stop=stop)
+    early = rt.extra.get("step_program")
+    try:
+        with _Stop() as stop:
+            return _execute(rt, run_dir=run_dir, max_steps=max_steps, stop=stop)
+    finally:
+        if early is not None:
+            early.cancel()  # a no-op once the run attached its recorder
+        workers = rt.extra.pop("plot_workers", None)
+        if workers is not None:
+            workers.close()  # a no-op once they rendered the plots
 
 
 def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) -> RunResult:
@@ -596,7 +640,11 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             os.replace(metrics_file, kept)
             log.warning("run dir %s: an earlier attempt's metrics moved to %s", run_dir, kept.name)
         _keep_compile_record(run_dir)
-    cache_dir = configure_cache(config, disable=rt.hlo_dump_dir is not None)
+    early: StepProgram | None = rt.extra.pop("step_program", None)
+    if early is None:
+        cache_dir = configure_cache(config, disable=rt.hlo_dump_dir is not None)
+    else:
+        cache_dir = early.cache_dir  # configured by start_runtime
 
     recorder = Recorder(
         run_dir / COMPILE_FILE if primary else None,
@@ -607,15 +655,19 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
         dtype = _target_dtype(config)
         # The train step compiles (or loads) in a thread while the target loads, the state
-        # initializes and the faithfulness warmup runs.
-        step_program = StepProgram(
-            trainer,
-            target_dtype=dtype,
-            recorder=recorder,
-            cache_dir=cache_dir,
-            announce=primary,
-        )
-        step_program.start()
+        # initializes and the faithfulness warmup runs (started by start_runtime, or here).
+        if early is None:
+            step_program = StepProgram(
+                trainer,
+                target_dtype=dtype,
+                recorder=recorder,
+                cache_dir=cache_dir,
+                announce=primary,
+            )
+            step_program.start()
+        else:
+            step_program = early
+            step_program.attach(recorder)
         # The init and warm-up jits load from the same executable cache (a warm launch skips
         # their trace and lowering).
         trainer.programs = step_program.init_programs()
@@ -631,6 +683,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         from pd_train.data import Batches, TokenDataset
         from pd_train.outputs import (
             MetricsLog,
+            PlotWorkers,
             Progress,
             read_metrics,
             render_summary,
@@ -746,6 +799,7 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         stopped_early = False
         evaluated = False
         step = start_step
+        loop_started: tuple[int, float] | None = None
         while step < steps:
             rows = batches.batch(step)
             tokens = pd_sharding.global_batch(rows.astype(np.int32), rt.mesh)
@@ -778,6 +832,15 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                         step_program.start_eval(evaluator)
             else:
                 progress.update(done)
+            if loop_started is None:
+                loop_started = (step, time.perf_counter())  # after the first (compiling) step
+            elif primary and "plot_workers" not in rt.extra and (evaluator is None or evaluated):
+                # Once the eval's ahead compile is done, and with enough steps left to hide
+                # their start on the idle core: the plot workers' imports happen now.
+                first, t0 = loop_started
+                per_step = (time.perf_counter() - t0) / (step - first)
+                if (steps - step) * per_step >= PLOT_WORKERS_AHEAD_S:
+                    rt.extra["plot_workers"] = PlotWorkers(PLOT_WORKERS)
             if evaluator is not None and (step % config.cadence.eval_every == 0 or step == steps):
                 # The attempt's first eval compiles (also on a resume, at a later step).
                 with recorder.phase("eval") if not evaluated else _null():
@@ -813,7 +876,18 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
         if tracker is not None:
             tracker.close()
         records = read_metrics(run_dir)
-        write_plots(records, run_dir / "plots")
+        plot_workers = rt.extra.pop("plot_workers", None)
+        if plot_workers is not None:
+            t0 = time.perf_counter()
+            plot_workers.write(run_dir, run_dir / "plots")
+            log.info(
+                "plots: rendered by %d worker processes (started %.0f s before) in %.1f s",
+                len(plot_workers.answered),
+                t0 - plot_workers.started,
+                time.perf_counter() - t0,
+            )
+        else:
+            write_plots(records, run_dir / "plots")
         summary = render_summary(
             records,
             run_dir,
@@ -848,6 +922,11 @@ class StepProgram:
     without tracing or lowering. If building fails, or the program refuses the first step's
     arguments, the step falls back to the trainer's jit (compiled at its first call) with a
     warning.
+
+    Started without a recorder (``recorder=None``: :func:`start_runtime`, before the run dir
+    exists), the thread loads from the executable cache at once; a program that must be
+    compiled waits for :meth:`attach` so that its trace, lower and compile are recorded in
+    compile.json as before (:meth:`cancel` ends a thread whose run never started).
     """
 
     def __init__(
@@ -859,12 +938,21 @@ class StepProgram:
         cache_dir: Path | None,
         announce: bool = False,
     ) -> None:
+        import threading
+
         from pd_train.runtime_env import EXECUTABLES_DIR, ExecutableCache, source_digest
 
         self.trainer = trainer
         self.target_dtype = target_dtype
         self.recorder = recorder
         self.announce = announce
+        self.cache_dir = cache_dir
+        self._attached = threading.Event()
+        if recorder is not None:
+            self._attached.set()
+        self._cancelled = False
+        #: Seconds the executable-cache load took (a hit), else None.
+        self.load_seconds: float | None = None
         self.cache = (
             ExecutableCache(cache_dir / EXECUTABLES_DIR)
             if cache_dir is not None and ExecutableCache.usable()
@@ -893,42 +981,61 @@ class StepProgram:
         self._thread = threading.Thread(target=self._build, name="pd-train-step", daemon=True)
         self._thread.start()
 
+    def attach(self, recorder: Any) -> None:
+        """Give a program started without a recorder the run's (entered) recorder: a compile
+        waiting for it proceeds inside its ``train_step`` phase."""
+        self.recorder = recorder
+        self._attached.set()
+
+    def cancel(self) -> None:
+        """End a thread still waiting for :meth:`attach` (the run did not start)."""
+        if not self._attached.is_set():
+            self._cancelled = True
+            self._attached.set()
+
     def _build(self) -> None:
         import sys
 
-        from pd_train.runtime_env import source_digest
-
         try:
+            key = self.key() if self.cache is not None else ""
+            if self.cache is not None:
+                # A load needs no recorder: it starts at once, also before the run's.
+                t0 = time.perf_counter()
+                self.compiled = self.cache.load(key)
+                if self.compiled is not None:
+                    self.outcome = "hit"
+                    self.load_seconds = time.perf_counter() - t0
+                    if self.announce:
+                        print(
+                            f"loading train_step (executable cache)… {self.load_seconds:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    return
+            self._attached.wait()
+            if self._cancelled:
+                return
             with self.recorder.phase("train_step"):
-                key = self.key() if self.cache is not None else ""
-                if self.cache is not None:
-                    t0 = time.perf_counter()
-                    self.compiled = self.cache.load(key)
-                    if self.compiled is not None:
-                        self.outcome = "hit"
-                        if self.announce:
-                            seconds = time.perf_counter() - t0
-                            print(
-                                f"loading train_step (executable cache)… {seconds:.1f} s",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-                        return
-                lowered = self.trainer.lower_step(
-                    batch_size=self.trainer.pd.batch_size,
-                    seq_len=self.trainer.seq_len,
-                    target_dtype=self.target_dtype,
-                )
-                if self.cache is None:
-                    self.compiled = lowered.compile()
-                else:
-                    self.compiled, stored = self.cache.compile_and_store(
-                        key, lowered, unchanged=lambda: source_digest() == self._source
-                    )
-                    if not stored:
-                        self.outcome = "miss, not stored"
+                self._compile(key)
         except Exception as exc:  # reported at the first step, which falls back to the jit
             self.error = exc
+
+    def _compile(self, key: str) -> None:
+        from pd_train.runtime_env import source_digest
+
+        lowered = self.trainer.lower_step(
+            batch_size=self.trainer.pd.batch_size,
+            seq_len=self.trainer.seq_len,
+            target_dtype=self.target_dtype,
+        )
+        if self.cache is None:
+            self.compiled = lowered.compile()
+        else:
+            self.compiled, stored = self.cache.compile_and_store(
+                key, lowered, unchanged=lambda: source_digest() == self._source
+            )
+            if not stored:
+                self.outcome = "miss, not stored"
 
     def init_programs(self) -> Any:
         """A :attr:`Trainer.programs` serving the init and warm-up jits from this program's
@@ -988,6 +1095,12 @@ class StepProgram:
         self._thread.join()
         self._joined = True
         self.recorder.note(train_step_executable_cache=self.outcome)
+        if self.load_seconds is not None:
+            # The hit's jit entry (no compiles); the load ran before the recorder was attached,
+            # so its seconds are a note.
+            with self.recorder.phase("train_step"):
+                pass
+            self.recorder.note(train_step_load_seconds=round(self.load_seconds, 3))
         if self.compiled is None:
             log.warning(
                 "train step: the ahead-of-time compile failed (%s: %s); compiling at the first "

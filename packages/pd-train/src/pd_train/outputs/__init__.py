@@ -10,6 +10,7 @@ from pd_train.outputs._metrics import (
     read_metrics,
     to_json_value,
 )
+from pd_train.outputs._plot_workers import PlotWorkers
 from pd_train.outputs._plots import (
     plot_ci_histograms,
     plot_eval_curves,
@@ -25,6 +26,7 @@ __all__ = [
     "METRICS_FILE",
     "MetricsError",
     "MetricsLog",
+    "PlotWorkers",
     "Progress",
     "format_metrics",
     "plot_ci_histograms",
