@@ -5,8 +5,10 @@ one CI-sized buffer, 4.75 GiB per device, less at the production topology's peak
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import attrs
 import jax
 import numpy as np
 import pytest
@@ -14,10 +16,10 @@ from jax.extend.core import Literal
 
 import pd_train.losses.recon as recon_module
 from pd_train._forward import CleanRunner
-from pd_train.losses import chunkwise_plan, recon_loss
+from pd_train.losses import all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.losses.recon import layer_windows
 
-from .test_recon import DEC, SPEC, _data
+from .test_recon import DEC, SPEC, B, T, _data
 
 FAST = {"xla_backend_optimization_level": 0}
 
@@ -97,3 +99,84 @@ def test_windowed_chunks_equal_the_chunks_over_all_ci(monkeypatch: pytest.Monkey
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     assert all(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(got[1][1]))
+
+
+def _one_chunk_grad_fn() -> tuple[Any, Any, Any, Any]:
+    """The persistent-PGD term's shape: one all-sites (chunk, draw) with given sources."""
+    target, comps, ci, tokens = _data()
+    rng = np.random.default_rng(1)
+    sources = {
+        k: jax.numpy.asarray(rng.uniform(0, 1, (c.shape[0], 1, T, c.shape[-1] + 1)), np.float32)
+        for k, c in ci.items()
+    }
+
+    spec = attrs.evolve(SPEC, remat_layers=True)  # as remat.recon: per layer, only h is kept
+
+    def loss(comps: dict, ci: dict, sources: dict) -> jax.Array:
+        clean = CleanRunner(spec, target, tokens)
+        logits, _ = clean.run(lambda kind, x, xs: None, {})
+        return recon_loss(
+            spec,
+            all_sites_plan(DEC),
+            n_samples=1,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            clean_logits=logits,
+            clean_stream=clean.stream,
+            key=jax.random.key(3),
+            remat=True,
+            sources=sources,
+        )
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2)), comps, ci, sources
+
+
+def _entry_constant_shapes(hlo: str) -> set[str]:
+    """Shapes (HLO text, e.g. ``f32[2,2,6,4]``) of the top-level computation's values computed
+    from constants only (zero broadcasts and their copies): XLA may schedule them anywhere."""
+    entry = hlo[hlo.index("\nENTRY ") :]
+    entry = entry[: entry.index("\n}")]
+    const: set[str] = set()
+    shapes = set()
+    for line in entry.splitlines()[1:]:
+        m = re.match(r"\s*(?:ROOT )?%(\S+) = (\w+\[[\d,]*\])\S* (\w[\w-]*)\((.*?)\)", line)
+        if not m:
+            continue
+        name, shape, op, operands = m.groups()
+        names = re.findall(r"%([\w.-]+)", operands)
+        if op == "constant" or (names and all(n in const for n in names)):
+            const.add(name)
+            shapes.add(shape)
+    return shapes
+
+
+def test_one_chunk_backward_allocates_no_constant_zeros_at_the_top_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The persistent-PGD-shaped term (late_vjp): no CI- or sources-sized constant zeros in
+    the compiled program's top level; the plain checkpointed term has them (its transposed
+    layer scan's gradient stacks)."""
+    big = {f"f32[{c.shape[0]},{B},{T},{c.shape[-1]}]" for c in _data()[2].values()}
+    big |= {f"f32[{c.shape[0]},1,{T},{c.shape[-1] + 1}]" for c in _data()[2].values()}
+
+    def shapes() -> set[str]:
+        grad, comps, ci, sources = _one_chunk_grad_fn()
+        return _entry_constant_shapes(jax.jit(grad).lower(comps, ci, sources).compile().as_text())
+
+    assert not shapes() & big
+    monkeypatch.setattr(recon_module, "late_vjp", lambda fn, *a: jax.checkpoint(fn)(*a))
+    assert shapes() & big
+
+
+def test_one_chunk_late_vjp_equals_the_checkpointed_term(monkeypatch: pytest.MonkeyPatch) -> None:
+    grad, comps, ci, sources = _one_chunk_grad_fn()
+    got = jax.jit(grad, compiler_options=FAST)(comps, ci, sources)
+    monkeypatch.setattr(recon_module, "late_vjp", lambda fn, *a: jax.checkpoint(fn)(*a))
+    grad, comps, ci, sources = _one_chunk_grad_fn()
+    want = jax.jit(grad, compiler_options=FAST)(comps, ci, sources)
+    assert float(got[0]) > 0.0
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert all(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(got[1][2]))

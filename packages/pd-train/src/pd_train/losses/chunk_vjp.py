@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["windowed_chunk_sum"]
+__all__ = ["late_vjp", "windowed_chunk_sum"]
 
 Tree = Any
 
@@ -87,3 +87,47 @@ def windowed_chunk_sum(
 
     total.defvjp(fwd, bwd)
     return total(components, ci_windows)
+
+
+def late_vjp(fn: Callable[..., jax.Array], *args: Tree) -> jax.Array:
+    """``fn(*args)`` (a scalar) rematerialized whole, like ``jax.checkpoint(fn)(*args)``, with
+    its backward inside a ``while`` loop of one trip whose count XLA cannot see.
+
+    The backward's zero-initialized gradient stacks (the transposed layer scan's, a CI- and a
+    sources-sized one for the persistent-PGD term) are then allocated in the loop body, and the
+    loop's carry starts from ``0 · fn(*args)``. Without the loop, JAX's transposes start them as
+    constant zeros, which XLA:CPU's scheduler allocated at the start of the step, next to the
+    CI function's forward (the step's peak). The cotangent is carried through the loop (and
+    changed by ``+ 0·i``) so that XLA cannot hoist the backward out of it as loop-invariant. ``fn`` may close over arrays
+    only if they carry no gradient.
+    """
+
+    @jax.custom_vjp
+    def call(*a: Tree) -> jax.Array:
+        return fn(*a)
+
+    def fwd(*a: Tree) -> tuple[jax.Array, Tree]:
+        out = fn(*a)
+        return out, (a, out)
+
+    def bwd(res: Tree, g: jax.Array) -> tuple[Tree, ...]:
+        a, out = res
+        late_zero = out * 0  # not folded: it exists only once the forward has run
+        # One trip (two if the forward was NaN: the same gradients again), unknown to XLA.
+        trips = 1 + (late_zero != 0).astype(jnp.int32)
+
+        def body(state: tuple[jax.Array, jax.Array, Tree]) -> tuple[jax.Array, jax.Array, Tree]:
+            i, ct, _ = state
+            _, vjp = jax.vjp(fn, *a)
+            # ct + 0·i: equal to ct, but not a pass-through XLA would call loop-invariant.
+            return i + 1, ct + 0 * i.astype(ct.dtype), vjp(ct)
+
+        init = jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(late_zero.astype(x.dtype), x.shape), a
+        )
+        state = (jnp.int32(0), g + late_zero, init)
+        _, _, grads = jax.lax.while_loop(lambda s: s[0] < trips, body, state)
+        return tuple(grads)
+
+    call.defvjp(fwd, bwd)
+    return call(*args)

@@ -30,7 +30,7 @@ import numpy as np
 
 from pd_train._forward import ForwardSpec, masked_forward
 from pd_train.decomposition import Decomposition
-from pd_train.losses.chunk_vjp import windowed_chunk_sum
+from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
 
 __all__ = [
     "ReconPlan",
@@ -218,6 +218,7 @@ def recon_loss(
         comps_in: Any = components,
         ci_in: Mapping[str, jax.Array] = ci_lower,
         ci_first: Any = None,
+        sources_in: Mapping[str, jax.Array] | None = sources,
     ) -> jax.Array:
         """KL of one (chunk, draw); numpy arguments give a forward specialized to them.
         ci_first: None (``ci_in`` is every layer's CI) or the first layer of the window of
@@ -249,7 +250,7 @@ def recon_loss(
             )
             return output_divergence(spec, clean_logits, logits)
 
-        given = sources
+        given = sources_in
         if pgd is not None:
             given = pgd.ascend(
                 functools.partial(
@@ -292,6 +293,14 @@ def recon_loss(
     # One (chunk, draw) (route-all terms, persistent PGD): its liveness is known at trace time,
     # so it is traced specialized (no scan of one, no per-layer copy/frozen/live switch): 10 %
     # fewer HLO lines and a quarter fewer copies in the default step, same values.
+    # Rematerialized and without a fresh-PGD ascent, its backward is chunk_vjp.late_vjp's.
+    elif len(chunk_ids) == 1 and remat and pgd is None:
+
+        def one_kl(comps: Any, ci: Any, given: Any) -> jax.Array:
+            chunk, draw, count = int(chunk_ids[0]), int(draw_ids[0]), int(n_live[0])
+            return chunk_kl(chunk, draw, site_masks[0], count, comps, ci, None, given)
+
+        total = late_vjp(one_kl, components, ci_lower, sources)
     elif unroll or len(chunk_ids) == 1:
         total = jnp.zeros((), jnp.float32)
         for i in range(len(chunk_ids)):
