@@ -881,10 +881,12 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
             t0 = time.perf_counter()
             plot_workers.write(run_dir, run_dir / "plots")
             log.info(
-                "plots: rendered by %d worker processes (started %.0f s before) in %.1f s",
+                "plots: rendered by %d worker processes (started %.0f s before) in %.1f s "
+                "(each worker's wall / CPU s: %s)",
                 len(plot_workers.answered),
                 t0 - plot_workers.started,
                 time.perf_counter() - t0,
+                ", ".join(f"{wall:.1f} / {cpu:.1f}" for wall, cpu in plot_workers.timings),
             )
         else:
             write_plots(records, run_dir / "plots")

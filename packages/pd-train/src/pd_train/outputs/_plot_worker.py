@@ -39,6 +39,8 @@ def main() -> int:
     from pd_train.outputs._metrics import read_metrics
     from pd_train.outputs._plots import PLOTS
 
+    _draw_once()
+
     print("ready", flush=True)
     line = sys.stdin.readline()
     if not line:
@@ -62,6 +64,21 @@ def main() -> int:
     }
     print(json.dumps(answer), flush=True)
     return 0
+
+
+def _draw_once() -> None:
+    """Draw and encode a small throwaway figure (text, a log axis, constrained layout): the
+    first figure of a process pays for matplotlib's font and renderer set-up."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2), layout="constrained")
+    ax = fig.subplots()
+    ax.plot([1, 2, 3], [1.0, 10.0, 100.0])
+    ax.set_yscale("log")
+    ax.set_title("warm-up")
+    fig.savefig(io.BytesIO(), format="png", dpi=50)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,14 @@ from typing import Any
 
 log = logging.getLogger("pd_train.outputs")
 
-#: Rough cost of each plot (CPU s in the default run) for splitting them among the workers.
+#: CPU seconds of each plot in the default run (matplotlib imported, one figure drawn), for
+#: splitting them among the workers.
 _COST = {
     "plot_loss_curves": 0.6,
-    "plot_eval_curves": 1.1,
-    "plot_l0": 0.6,
-    "plot_ci_histograms": 1.0,
-    "plot_density": 1.1,
+    "plot_eval_curves": 1.2,
+    "plot_l0": 0.45,
+    "plot_ci_histograms": 0.9,
+    "plot_density": 0.8,
     "plot_recon": 0.5,
 }
 
