@@ -155,10 +155,12 @@ def test_a_one_chunk_plan_is_traced_specialized_with_the_scanned_values() -> Non
 
 
 def test_a_rematerialized_layer_draws_its_sources_once_with_the_same_gradients() -> None:
-    """With ``remat_layers`` the layer's backward recomputes the layer but keeps its drawn
-    sources (``_forward.SOURCE_NAME``): the gradient program draws each live site's source once
-    (the plain checkpoint drew it again in the backward), and the loss and gradients equal
-    those without remat. Scanned liveness (the chunk loop's switch) and static liveness."""
+    """With ``remat_layers`` and static liveness the layer's backward recomputes the layer but
+    keeps its drawn sources (``_forward.SOURCE_NAME``): the gradient program draws each live
+    site's source once (the plain checkpoint drew it again in the backward). With scanned
+    liveness (the chunk loop's switch) the plain checkpoint stays: saved there, the sources
+    become a stacked residual per chunk (memory). Loss and gradients equal those without
+    remat either way."""
     import attrs
 
     from pd_train._forward import masked_forward
@@ -188,7 +190,10 @@ def test_a_rematerialized_layer_draws_its_sources_once_with_the_same_gradients()
             str(jax.make_jaxpr(grad, static_argnums=2)(comps, ci, spec)).count("name=_uniform")
             for spec in (remat, SPEC)
         ]
-        assert draws[0] == draws[1] > 0  # a plain jax.checkpoint: 12 vs 8 here
+        if isinstance(live, np.ndarray):
+            assert draws[0] == draws[1] > 0  # a plain jax.checkpoint: 12 vs 8 here
+        else:
+            assert draws[0] > draws[1] > 0
         (v1, g1), (v2, g2) = grad(comps, ci, remat), grad(comps, ci, SPEC)
         np.testing.assert_allclose(float(v1), float(v2), rtol=1e-6)
         for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):

@@ -30,10 +30,10 @@ from pd_train.targets.base import Target, as_target
 Tree = Any
 
 #: The ``checkpoint_name`` of a drawn source [B, T, C + 1] in :func:`live_site_output`. With
-#: ``remat_layers`` a layer's backward recomputes everything but these: saving them costs one
-#: [B, T, C + 1] buffer per live site and spares drawing them again (XLA:CPU lowers each
-#: threefry draw as a loop): ~2 % less CPU per default step, 10 % fewer HLO lines, up to 3 CPU s
-#: less compile, same values (docs/findings.md section 10).
+#: ``remat_layers`` and static liveness a layer's backward recomputes everything but these:
+#: saving them costs one [B, T, C + 1] buffer per live site and spares drawing them again
+#: (XLA:CPU lowers each threefry draw as a loop): 5 % fewer HLO lines in the default step, the
+#: same values, its CPU per step within noise (docs/findings.md section 10).
 SOURCE_NAME = "pd.source"
 _SAVE_SOURCES = jax.checkpoint_policies.save_only_these_names(SOURCE_NAME)
 
@@ -253,7 +253,10 @@ def masked_forward(
                 ci_window=ci_lower if ci_first is not None else None,
             )
             if spec.remat_layers:
-                body = jax.checkpoint(body, policy=_SAVE_SOURCES)
+                # Static liveness only: in the switched (scanned) forward the saved sources
+                # become a stacked [layers, B, T, C + 1] residual per chunk (+1.7 GiB per device
+                # at production; docs/findings.md section 8).
+                body = jax.checkpoint(body, policy=_SAVE_SOURCES if static else None)
             h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
     return spec.target.finish(target, h)
 
