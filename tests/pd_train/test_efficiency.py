@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import yaml
 
 from pd_train.cli import main
-from pd_train.flops import MFUMeter, peak_flops_per_device
+from pd_train.flops import (
+    CPU_PEAK_FILE,
+    MFUMeter,
+    cpu_peak_key,
+    measured_cpu_peak,
+    peak_flops_per_device,
+)
 from pd_train.outputs import read_metrics
 
 from .test_run import tiny_config
@@ -28,6 +35,28 @@ def test_peaks_come_from_the_datasheet_table_or_a_measured_cpu() -> None:
     four, _ = peak_flops_per_device(_Device("cpu"), "float32", n_local_devices=4)
     assert "measured" in source and math.isfinite(one) and one > 1e8
     assert four == one / 4  # measured once per process, shared by the simulated devices
+
+
+def test_the_cpu_peak_keeps_the_best_figure_measured_on_this_host(tmp_path: Path) -> None:
+    file = tmp_path / CPU_PEAK_FILE
+    key = cpu_peak_key("float32", 1024)
+    fresh = measured_cpu_peak("float32", store=tmp_path)
+    assert json.loads(file.read_text()) == {key: fresh}
+    # This process's figure was taken while another thread held a core (it reads low): the
+    # host's best stands, so the MFU does not jump with one busy measurement.
+    file.write_text(json.dumps({key: fresh * 3, "another host": 1.0}))
+    assert measured_cpu_peak("float32", store=tmp_path) == fresh * 3
+    assert json.loads(file.read_text())[key] == fresh * 3
+    # A lower stored figure gives way to this process's; other hosts' entries are kept.
+    file.write_text(json.dumps({key: fresh / 3, "another host": 1.0}))
+    assert measured_cpu_peak("float32", store=tmp_path) == fresh
+    assert json.loads(file.read_text()) == {key: fresh, "another host": 1.0}
+    # A damaged file is replaced, and no temporary file is left beside it.
+    file.write_text("{not json")
+    assert measured_cpu_peak("float32", store=tmp_path) == fresh
+    assert json.loads(file.read_text()) == {key: fresh}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CPU_PEAK_FILE]
+    assert measured_cpu_peak("float32") == fresh  # no store: this process's figure
 
 
 def test_mfu_is_useful_flops_per_second_per_device_over_the_peak() -> None:
@@ -66,3 +95,12 @@ def test_a_run_logs_mfu_in_metrics_and_finite(tmp_path: Path, capsys) -> None:
         assert math.isfinite(r["perf/useful_tflops_per_device"])
         assert r["perf/step_s"] > 0
     assert "mfu=" in capsys.readouterr().err
+    # The host's CPU peak is kept beside the run's compile cache, and the next run's MFU is
+    # measured against the best one stored there.
+    file = tmp_path / "cache" / CPU_PEAK_FILE
+    stored = json.loads(file.read_text())
+    assert list(stored) == [cpu_peak_key("float32", 1024)]
+    file.write_text(json.dumps({key: value * 1e6 for key, value in stored.items()}))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run2")]) == 0
+    again = [r for r in read_metrics(tmp_path / "run2") if r["phase"] == "train"]
+    assert max(r["perf/mfu"] for r in again[1:]) < 1e-5 * min(r["perf/mfu"] for r in train[1:])

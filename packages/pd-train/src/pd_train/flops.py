@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -71,6 +73,7 @@ from pd_train.models.llama_config import LlamaConfig
 
 __all__ = [
     "ADAM_FLOPS_PER_PARAM",
+    "CPU_PEAK_FILE",
     "PEAK_TFLOPS",
     "Census",
     "CompiledCost",
@@ -79,12 +82,15 @@ __all__ = [
     "MFUMeter",
     "ci_fn_flops",
     "compiled_cost",
+    "cpu_peak_key",
     "efficiency_report",
     "hlo_matmul_flops",
     "measured_cpu_peak",
     "peak_flops_per_device",
     "step_census",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: FLOPs per trained number per step for AdamW with global-norm clipping: the norm (2), both
 #: moments (3 + 4), bias corrections and sqrt/divide (3), weight decay and the update (2).
@@ -686,10 +692,15 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
+#: The file beside the persistent compile cache where :func:`measured_cpu_peak` keeps, per host
+#: key, the best CPU peak measured so far.
+CPU_PEAK_FILE = "cpu_peak.json"
+
+
 @functools.cache
-def measured_cpu_peak(dtype: str = "float32", n: int = 1024) -> float:
-    """FLOP/s of the host measured once per process: best of 5 timed ``[n, n] @ [n, n]`` in
-    ``dtype`` on one device after a warm-up (about a second on a laptop CPU)."""
+def _measure_cpu_peak(dtype: str, n: int) -> float:
+    """FLOP/s of one timed ``[n, n] @ [n, n]`` in ``dtype`` on one device: best of 5 after a
+    warm-up, once per process."""
     import jax
     import jax.numpy as jnp
 
@@ -704,17 +715,78 @@ def measured_cpu_peak(dtype: str = "float32", n: int = 1024) -> float:
     return 2.0 * n**3 / best
 
 
+def cpu_peak_key(dtype: str, n: int) -> str:
+    """What a stored CPU peak is valid for: the processor's model name, the cores this process
+    may use, jax and jaxlib's versions, the matmul's dtype and size."""
+    import os
+    import platform
+
+    import jax
+    import jaxlib
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{model} | {cores} cores | jax {jax.__version__} jaxlib {jaxlib.__version__} | {dtype} {n}"
+    )
+
+
+def measured_cpu_peak(dtype: str = "float32", n: int = 1024, *, store: Path | None = None) -> float:
+    """FLOP/s of the host's matmuls: best of 5 timed ``[n, n] @ [n, n]`` in ``dtype`` on one
+    device after a warm-up (measured once per process, about a second on a laptop CPU).
+
+    A measurement taken while another thread holds a core (a compile in the background) reads
+    low, and the MFU computed against it high. With ``store`` (a folder; ``pd-train run`` passes
+    its compile cache's) the best figure ever measured for this host (:func:`cpu_peak_key`) is
+    kept in ``store / CPU_PEAK_FILE`` and returned when it beats this process's measurement, so
+    one busy measurement does not move a host's MFU. A damaged file is replaced."""
+    measured = _measure_cpu_peak(dtype, n)
+    if store is None:
+        return measured
+    import json
+    import os
+
+    path = Path(store) / CPU_PEAK_FILE
+    key = cpu_peak_key(dtype, n)
+    try:
+        stored = json.loads(path.read_text())
+        if not isinstance(stored, dict):
+            stored = {}
+    except (OSError, ValueError):
+        stored = {}
+    best = stored.get(key)
+    if isinstance(best, int | float) and math.isfinite(best) and best >= measured:
+        return float(best)
+    stored[key] = measured
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: this process's figure still holds
+    return measured
+
+
 def peak_flops_per_device(
-    device: Any, dtype: str, *, n_local_devices: int = 1
+    device: Any, dtype: str, *, n_local_devices: int = 1, store: Path | None = None
 ) -> tuple[float, str]:
     """(peak FLOP/s of one device for ``dtype`` matmuls, where the figure comes from). Known
-    GPUs from :data:`PEAK_TFLOPS`; anything else (CPU): :func:`measured_cpu_peak` divided by
-    the process's devices (simulated CPU devices share the host's cores)."""
+    GPUs from :data:`PEAK_TFLOPS`; anything else (CPU): :func:`measured_cpu_peak` (best kept
+    in ``store``) divided by the process's devices (simulated CPU devices share the host's
+    cores)."""
     kind = str(getattr(device, "device_kind", ""))
     for name, peaks in PEAK_TFLOPS:
         if name.lower() in kind.lower():
             return peaks.get(dtype, peaks["float32"]) * 1e12, f"datasheet {name} {dtype}"
-    peak = measured_cpu_peak(dtype) / max(n_local_devices, 1)
+    peak = measured_cpu_peak(dtype, store=store) / max(n_local_devices, 1)
     return peak, f"measured {kind or 'host'} {dtype} matmul / {n_local_devices} device(s)"
 
 
@@ -743,11 +815,16 @@ class MFUMeter:
         except TypeError:  # a target the census does not cover: no perf metrics
             useful = None
         devices = trainer.mesh.devices.size if trainer.mesh is not None else 1
-        peak, _ = peak_flops_per_device(
+        # A CPU's measured peak is kept beside the persistent compile cache, when it is on.
+        cache = jax.config.jax_compilation_cache_dir
+        store = Path(cache) if cache and jax.config.jax_enable_compilation_cache else None
+        peak, source = peak_flops_per_device(
             jax.local_devices()[0],
             trainer.runtime.compute_dtype,
             n_local_devices=jax.local_device_count(),
+            store=store,
         )
+        logger.info("MFU against %.3g TFLOP/s per device (%s)", peak / 1e12, source)
         return cls(useful, devices=devices, peak=peak)
 
     def measure(self, step: int, now: float | None = None) -> dict[str, float]:
