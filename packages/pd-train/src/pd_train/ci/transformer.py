@@ -56,6 +56,7 @@ import pd_init
 from pd_train._config_io import ConfigError
 from pd_train.ci._base import CIArray, CleanRun, gelu, he, lecun, rms_normalize
 from pd_train.decomposition import Decomposition, site_name
+from pd_train.losses.chunk_vjp import scan_map
 from pd_train.models import llama
 
 __all__ = ["TransformerCIFunction"]
@@ -267,8 +268,12 @@ class TransformerCIFunction:
     def apply(self, params: Mapping[str, Any], inputs: Mapping[str, jax.Array]) -> dict[str, Any]:
         """The chunk stack on the collected site inputs: ``inputs[kind]`` [n_k, B, T, d_in] for
         every tap kind -> ``{kind: [n_k, B, T, C]}`` (fp32). One ``lax.scan`` over chunks."""
-        xs = self.chunk_inputs(params, inputs)
-        _, ys = jax.lax.scan(lambda carry, x: (carry, self.chunk(x)), None, xs)
+        xs = dict(self.chunk_inputs(params, inputs))
+        x = xs.pop("x")
+        # chunk_vjp.scan_map: the plain scan's values, residuals and FLOPs; its backward starts
+        # the CI parameters' gradient stacks late and no bf16 stack gets an fp32 copy on
+        # XLA:CPU. The taps carry no gradient (the clean forward is frozen).
+        ys = scan_map(lambda p, x: self.chunk({**p, "x": x}), xs, x)
         return {k: v.reshape(-1, *v.shape[2:]) for k, v in ys.items()}
 
     def chunk_inputs(

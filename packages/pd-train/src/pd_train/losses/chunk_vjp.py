@@ -16,6 +16,9 @@ being JAX's transpose of the scan:
   (4.75 GiB per device) cotangent carry next to the CI function's forward, the step's peak.
 
 Values: the same chunk forwards and the same order of accumulation as the transposed scan.
+
+:func:`late_vjp` does the same for a term with one (chunk, draw); :func:`scan_map` for a stacked
+map (the transformer CI function's chunks), also carrying bf16 stacks as bits through its loops.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["late_vjp", "windowed_chunk_sum"]
+__all__ = ["late_vjp", "scan_map", "windowed_chunk_sum"]
 
 Tree = Any
 
@@ -131,3 +134,110 @@ def late_vjp(fn: Callable[..., jax.Array], *args: Tree) -> jax.Array:
 
     call.defvjp(fwd, bwd)
     return call(*args)
+
+
+def _to_bits(a: jax.Array) -> jax.Array:
+    """A 2-byte float array as its uint16 bit pattern (exact; any other array unchanged)."""
+    if jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2:
+        return jax.lax.bitcast_convert_type(a, jnp.uint16)
+    return a
+
+
+def _from_bits(a: jax.Array, dtype: Any) -> jax.Array:
+    return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
+
+
+def scan_map(fn: Callable[[Tree, Tree], Tree], diff: Tree, nondiff: Tree) -> Tree:
+    """``ys[i] = fn(diff[i], nondiff[i])`` over the shared leading axis as one ``lax.scan``,
+    differentiable in ``diff`` only (``nondiff`` is a constant to it: no gradient flows into it),
+    with the same values, residuals and FLOPs as JAX's own scan, and two differences in memory:
+
+    - the backward's gradient stacks (``diff``'s cotangent, one per leaf, [n, ...] fp32) are a
+      reverse scan's carry started from ``0 · ct`` (the cotangent: data, not a constant), so
+      they cannot exist before the backward. JAX's transposed scan starts them as constant
+      zeros, which XLA:CPU allocated at the start of the step — for the production CI function
+      that is every CI parameter's gradient (~2 GiB per device) live across the whole step;
+    - every 2-byte float (bf16) array the loops slice — ``nondiff`` leaves and the residuals
+      the forward saves for the backward — is carried as its uint16 bit pattern and bitcast
+      back per slice. XLA:CPU cannot slice bf16 in a loop: its float normalization converts the
+      whole operand to fp32 first and then hoists that convert out of the loop, so every bf16
+      stack a loop reads gets an fp32 copy of twice its size, alive as long as the stack (the
+      production CI function's taps and block inputs: ~5.8 GiB per device). Bit patterns are
+      not floats, so nothing is converted; on a GPU this changes nothing.
+
+    The residuals are those of ``jax.vjp(fn)`` per step (``fn``'s own ``jax.checkpoint``s
+    decide them, as in JAX's scan); a residual that is one of the step's inputs is read from
+    the input instead of being stacked again. The backward rebuilds each step's VJP from its
+    residuals and applies it to that step's cotangent: the same operations as JAX's transpose.
+    """
+    n = jax.tree_util.tree_leaves(diff)[0].shape[0]
+    nd_leaves, nd_def = jax.tree_util.tree_flatten(jax.lax.stop_gradient(nondiff))
+    nd_dtypes = [a.dtype for a in nd_leaves]
+    packed = [_to_bits(a) for a in nd_leaves]
+    meta: dict[str, Any] = {}
+
+    def views(bits: list[jax.Array]) -> list[jax.Array]:
+        return [_from_bits(b, dt) for b, dt in zip(bits, nd_dtypes, strict=True)]
+
+    def primal(d: Tree, bits: list[jax.Array]) -> Tree:
+        def body(carry: None, x: Tree) -> tuple[None, Tree]:
+            di, bi = x
+            return carry, fn(di, jax.tree_util.tree_unflatten(nd_def, views(bi)))
+
+        return jax.lax.scan(body, None, (d, bits))[1]
+
+    @jax.custom_vjp
+    def call(d: Tree, bits: list[jax.Array]) -> Tree:
+        return primal(d, bits)
+
+    def fwd(d: Tree, bits: list[jax.Array]) -> tuple[Tree, Tree]:
+        def body(carry: None, x: Tree) -> tuple[None, Tree]:
+            di, bi = x
+            nd = views(bi)
+            y, vjp = jax.vjp(lambda a: fn(a, jax.tree_util.tree_unflatten(nd_def, nd)), di)
+            res, res_def = jax.tree_util.tree_flatten(vjp)
+            inputs = jax.tree_util.tree_leaves(di) + nd
+            plan: list[tuple[str, int, Any]] = []
+            saved: list[jax.Array] = []
+            for r in res:
+                j = next((j for j, a in enumerate(inputs) if a is r), None)
+                if j is None:
+                    plan.append(("saved", len(saved), r.dtype))
+                    saved.append(_to_bits(r))
+                else:
+                    plan.append(("input", j, r.dtype))
+            meta["res_def"], meta["plan"] = res_def, plan
+            return carry, (y, saved)
+
+        _, (ys, saved) = jax.lax.scan(body, None, (d, bits))
+        return ys, (d, bits, saved)
+
+    def bwd(res: Tree, ct: Tree) -> tuple[Tree, None]:
+        d, bits, saved = res
+        first = jax.tree_util.tree_leaves(ct)[0]
+        late_zero = first[(0,) * first.ndim] * 0  # exists only once the cotangent does
+
+        def body(carry: Tree, x: Tree) -> tuple[Tree, None]:
+            i, di, bi, si, cti = x
+            inputs = jax.tree_util.tree_leaves(di) + views(bi)
+            leaves = [
+                inputs[j] if where == "input" else _from_bits(si[j], dt)
+                for where, j, dt in meta["plan"]
+            ]
+            (g,) = jax.tree_util.tree_unflatten(meta["res_def"], leaves)(cti)
+            carry = jax.tree_util.tree_map(
+                lambda c, gi: jax.lax.dynamic_update_index_in_dim(c, gi.astype(c.dtype), i, 0),
+                carry,
+                g,
+            )
+            return carry, None
+
+        init = jax.tree_util.tree_map(
+            lambda a: jnp.broadcast_to(late_zero.astype(a.dtype), a.shape), d
+        )
+        steps = (jnp.arange(n), d, bits, saved, ct)
+        grads, _ = jax.lax.scan(body, init, steps, reverse=True)
+        return grads, None
+
+    call.defvjp(fwd, bwd)
+    return call(diff, packed)
