@@ -18,6 +18,10 @@ ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 
 nox.options.default_venv_backend = "uv|virtualenv"
+# uv installs without Python bytecode unless told (pip compiles it): with PYTHONDONTWRITEBYTECODE
+# set, as on some CI machines, every process then compiles jax and pd from source (`import jax`
+# 2.5-3.1 CPU s instead of 0.8), in every launch of `pd-train` and every test subprocess.
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = [
     "lint",
