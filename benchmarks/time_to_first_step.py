@@ -6,6 +6,12 @@ metrics.jsonl, and the launch's CPU seconds by then (from /proc; on a shared mac
 that does not depend on the other load). Prints a table and, last:
 
     time to first step: cold C.Cs, warm W.Ws, warm/cold R.RR
+
+Python's imports count too: without cached bytecode (``PYTHONDONTWRITEBYTECODE=1`` and an
+install that compiled none, e.g. ``uv`` without ``--compile-bytecode``) every launch compiles
+jax's, optax's and pd's modules from source again (``import jax``: ~1.8 s instead of ~0.7 on
+this 2-core machine). The table says which case was measured; ``--pycache-prefix DIR`` runs the
+launches with bytecode cached in DIR (``PYTHONPYCACHEPREFIX``; the cold launch writes it).
 """
 
 from __future__ import annotations
@@ -71,13 +77,40 @@ def first_step_seconds(
     return step0 - started, cpu_at_step0, usage.ru_utime + usage.ru_stime
 
 
+def bytecode_state() -> str:
+    """Whether a launch imports jax from cached bytecode (``.pyc``) or compiles it from source,
+    as this process's environment says (the launches inherit it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jax")
+    origin = spec.origin if spec is not None else None
+    if origin is None:
+        return "unknown (jax not found)"
+    pyc = Path(importlib.util.cache_from_source(origin))
+    if pyc.exists():
+        return f"cached bytecode ({pyc.parent})"
+    if sys.dont_write_bytecode:
+        return "compiled from source at every launch (no .pyc; PYTHONDONTWRITEBYTECODE is set)"
+    return "compiled from source by the first launch, then cached"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="builtin:default")
     parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
+    parser.add_argument(
+        "--pycache-prefix",
+        type=Path,
+        help="launch with Python's bytecode cached in this directory (PYTHONPYCACHEPREFIX)",
+    )
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.pycache_prefix is not None:
+        os.environ["PYTHONPYCACHEPREFIX"] = str(args.pycache_prefix.absolute())
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
+    imports = bytecode_state()
     overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,6 +124,7 @@ def main() -> None:
             spent = total
     (_, cold, *_), (_, warm, *_) = rows
     print(f"cores: {os.cpu_count()}; load average (1 min) at each launch in the last column")
+    print(f"Python imports (jax): {imports}; now: {bytecode_state()}")
     print(
         "| launch | compile cache | time to end of step 0 | CPU s by then | CPU s in all | load |"
     )
