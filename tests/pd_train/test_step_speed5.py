@@ -69,3 +69,26 @@ def test_the_pair_is_not_used_with_recon_remat() -> None:
     trainer = Trainer(TINY, PD, RuntimeConfig(remat=RematConfig(recon=True)), seq_len=T)
     assert trainer._all_site_pair() is None
     assert Trainer(TINY, PD, RuntimeConfig(), seq_len=T)._all_site_pair() == (2, 4)
+
+
+@pytest.mark.parametrize("n", [7, 28, 64, 65])
+def test_site_ranks_by_counting_are_the_stable_argsort_ranks(n: int) -> None:
+    """The routing's ranks: counted comparisons (up to RANK_BY_COUNT_MAX_SITES sites) equal
+    ``argsort(argsort(u))`` exactly, ties (forced here: few distinct values, dead sites at 2.0)
+    broken by position as a stable sort does; the routing masks are then the same too."""
+    from pd_train.losses.recon import RANK_BY_COUNT_MAX_SITES, routing_masks, site_ranks
+
+    rng = np.random.default_rng(n)
+    u = jnp.asarray(rng.integers(0, 5, (3, 50, n)) / 4.0, jnp.float32)  # many ties
+    expected = np.argsort(np.argsort(np.asarray(u), axis=-1, kind="stable"), axis=-1)
+    np.testing.assert_array_equal(np.asarray(jax.jit(site_ranks)(u)), expected)
+    if n <= RANK_BY_COUNT_MAX_SITES:
+        assert "sort" not in str(jax.make_jaxpr(site_ranks)(u))
+    mask = jnp.asarray(rng.random(n) < 0.5).at[0].set(True)
+    count = jnp.sum(mask).astype(jnp.int32)
+    key = jax.random.key(n)
+    routed = routing_masks(mask, count, (4, 16), key=key)
+    k = jax.random.randint(jax.random.fold_in(key, 0), (4, 16), 1, count + 1)
+    draws = jax.random.uniform(jax.random.fold_in(key, 1), (4, 16, n))
+    ranks = jnp.argsort(jnp.argsort(jnp.where(mask, draws, 2.0), axis=-1), axis=-1)
+    np.testing.assert_array_equal(np.asarray(routed), np.asarray(ranks < k[..., None]))
