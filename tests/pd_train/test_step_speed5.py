@@ -32,7 +32,10 @@ def _one_step(pd: object, runtime: RuntimeConfig) -> tuple[Trainer, str, dict]:
 def _assert_same_step(a: dict, b: dict) -> None:
     for name, value in b["metrics"].items():
         np.testing.assert_allclose(
-            jax.tree.leaves(a["metrics"][name]), jax.tree.leaves(value), rtol=2e-5, atol=1e-7,
+            jax.tree.leaves(a["metrics"][name]),
+            jax.tree.leaves(value),
+            rtol=2e-5,
+            atol=1e-7,
             err_msg=name,
         )
     for x, y in zip(jax.tree.leaves(a["state"]), jax.tree.leaves(b["state"]), strict=True):

@@ -365,8 +365,9 @@ def paired_all_sites_loss(
     :func:`recon_loss`'s (chunk 0, draw 0, folded per site by ``site_id``), the given ones
     ``sources[kind]`` [n_k, B | 1, T | 1, C + 1]. Rows are interleaved (row 2b is the drawn
     term's b, row 2b + 1 the given term's), so a batch-sharded device keeps its own rows. One
-    forward of 2B rows runs half the ops of two of B rows: on a CPU, where the step's small ops
-    cost more than their FLOPs, the pair is ~1/3 cheaper (docs/findings.md section 10). Its
+    forward of 2B rows runs half the ops of two of B rows, the same FLOPs: on a CPU, where the
+    step's small ops cost more than their FLOPs, the default step takes 0.95x the CPU seconds
+    with it (the two terms' ~24 % of the step, ~1/5 cheaper; docs/findings.md section 10). Its
     activations are twice one forward's, so the train step uses it only without
     ``runtime.remat.recon`` (which production-scale configs set for memory).
     """
@@ -384,7 +385,7 @@ def paired_all_sites_loss(
         shape = (*batch_shape, layout.C + 1)
         ids = jnp.asarray([site_id(layer, kind, kinds) for layer in layout.layers], jnp.uint32)
         keys = jax.vmap(lambda i: jax.random.fold_in(source_key, i))(ids)
-        drawn = jax.vmap(lambda k: sample_source(spec.sampling, shape, key=k))(keys)
+        drawn = jax.vmap(lambda k, s=shape: sample_source(spec.sampling, s, key=k))(keys)
         given = jnp.broadcast_to(sources[kind], drawn.shape).astype(drawn.dtype)
         paired_sources[kind] = interleave(drawn, given, 1)
     live = site_grid(spec.decomposition) >= 0
