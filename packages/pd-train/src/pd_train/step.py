@@ -52,6 +52,7 @@ from pd_train.losses import (
     faithfulness,
     importance_minimality,
     l0,
+    paired_all_sites_loss,
     pnorm_at,
     recon_loss,
 )
@@ -64,6 +65,11 @@ __all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
 
 #: The two optimizer groups, in order.
 GROUPS = ("components", "ci_fn")
+
+#: Run a stochastic recon term (one draw) and the persistent-PGD term as one forward of 2B rows
+#: (:func:`pd_train.losses.paired_all_sites_loss`) when ``runtime.remat.recon`` is off. False:
+#: one forward each (the same values; for A/B and the tests).
+PAIR_ALL_SITE_TERMS = True
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -595,11 +601,29 @@ class Trainer:
             ppgd_sources = warmed
             if source_offset is not None:
                 ppgd_sources = {k: v + source_offset[k] for k, v in warmed.items()}
+        paired: dict[int, jax.Array] = {}
+        pair = self._all_site_pair()
+        if pair is not None and ppgd_sources is not None:
+            stochastic, adversarial = pair
+            with jax.named_scope("pd.term.all_sites_pair"):
+                paired[stochastic], paired[adversarial] = paired_all_sites_loss(
+                    self.forward_spec,
+                    target=target,
+                    tokens=tokens,
+                    components=comps,
+                    ci_lower=ci_lower,
+                    clean_logits=clean_logits,
+                    clean_stream=clean.stream,
+                    key=jax.random.fold_in(key, stochastic),
+                    sources=ppgd_sources,
+                )
         total = jnp.zeros((), jnp.float32)
         for i, term in enumerate(pd.loss_metrics):
             term_key = jax.random.fold_in(key, i)
             with jax.named_scope(f"pd.term.{term.type}"):
-                if isinstance(term, Faithfulness):
+                if i in paired:
+                    value = paired[i]
+                elif isinstance(term, Faithfulness):
                     value = faithfulness(target["layers"], params["components"], self.decomposition)
                 elif isinstance(term, ImportanceMinimality):
                     p = pnorm_at(term, step, pd.steps)
@@ -631,6 +655,18 @@ class Trainer:
             aux["terms"][term.type] = value
             total = total + term.coeff * value
         return total, aux
+
+    def _all_site_pair(self) -> tuple[int, int] | None:
+        """(index of a one-draw stochastic recon term, index of the persistent-PGD term) when
+        :func:`pd_train.losses.paired_all_sites_loss` runs them as one forward, else None:
+        both present, :data:`PAIR_ALL_SITE_TERMS` and no ``runtime.remat.recon`` (the pair's
+        forward holds twice one forward's activations)."""
+        if not PAIR_ALL_SITE_TERMS or self.runtime.remat.recon or self.ppgd_index is None:
+            return None
+        for i, term in enumerate(self.pd.loss_metrics):
+            if isinstance(term, StochasticRecon) and term.n_samples == 1:
+                return i, self.ppgd_index
+        return None
 
     # ---------------------------------------------------------------- the step
     def _step(

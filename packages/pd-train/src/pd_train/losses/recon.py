@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train._forward import ForwardSpec, masked_forward
+from pd_train._forward import ForwardSpec, masked_forward, site_id
 from pd_train.decomposition import Decomposition
 from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
+from pd_train.sources import sample_source
 
 __all__ = [
     "ReconPlan",
@@ -40,9 +41,11 @@ __all__ = [
     "layer_windows",
     "mse_clean_masked",
     "output_divergence",
+    "paired_all_sites_loss",
     "recon_loss",
     "routing_masks",
     "site_grid",
+    "site_ranks",
 ]
 
 
@@ -155,8 +158,24 @@ def routing_masks(
     k = jax.random.randint(jax.random.fold_in(key, 0), batch_shape, 1, n_live + 1)
     u = jax.random.uniform(jax.random.fold_in(key, 1), (*batch_shape, site_mask.shape[0]))
     u = jnp.where(site_mask, u, 2.0)
-    ranks = jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)
-    return ranks < k[..., None]
+    return site_ranks(u) < k[..., None]
+
+
+#: Up to this many sites :func:`site_ranks` counts comparisons ([..., S, S] in one fused
+#: reduction: on XLA:CPU two sorts of S = 28 cost ~2 % of the default step); above it, sorts.
+RANK_BY_COUNT_MAX_SITES = 64
+
+
+def site_ranks(u: jax.Array) -> jax.Array:
+    """The rank of each of ``u``'s last-axis entries in ascending order, ties by position: what
+    ``argsort(argsort(u))`` (stable) gives. rank_i = #{j: u_j < u_i} + #{j < i: u_j = u_i}."""
+    n = u.shape[-1]
+    if n > RANK_BY_COUNT_MAX_SITES:
+        return jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)
+    ui, uj = u[..., :, None], u[..., None, :]
+    before = np.arange(n)[None, :] < np.arange(n)[:, None]  # [i, j]: j < i
+    ahead = (uj < ui) | ((uj == ui) & before)
+    return jnp.sum(ahead, axis=-1, dtype=jnp.int32)
 
 
 #: The name the tests and older callers use.
@@ -323,3 +342,71 @@ def recon_loss(
         }
         total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
     return total / (plan.n_chunks * n_samples)
+
+
+def paired_all_sites_loss(
+    spec: ForwardSpec,
+    *,
+    target: Any,
+    tokens: jax.Array,
+    components: Mapping[str, Mapping[str, jax.Array]],
+    ci_lower: Mapping[str, jax.Array],
+    clean_logits: jax.Array,
+    clean_stream: jax.Array | None,
+    key: jax.Array,
+    sources: Mapping[str, jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    """Two route-all recon terms as one masked forward of 2B rows: (the term of ``key`` with
+    drawn sources, the term with the given ``sources``), each as :func:`recon_loss` with
+    :func:`all_sites_plan` and one draw gives it — a stochastic recon term and the persistent-PGD
+    term.
+
+    Each term's B rows see exactly what its own forward would: the drawn sources are
+    :func:`recon_loss`'s (chunk 0, draw 0, folded per site by ``site_id``), the given ones
+    ``sources[kind]`` [n_k, B | 1, T | 1, C + 1]. Rows are interleaved (row 2b is the drawn
+    term's b, row 2b + 1 the given term's), so a batch-sharded device keeps its own rows. One
+    forward of 2B rows runs half the ops of two of B rows, the same FLOPs: on a CPU, where the
+    step's small ops cost more than their FLOPs, the default step takes 0.95x the CPU seconds
+    with it (the two terms' ~24 % of the step, ~1/5 cheaper; docs/findings.md section 10). Its
+    activations are twice one forward's, so the train step uses it only without
+    ``runtime.remat.recon`` (which production-scale configs set for memory).
+    """
+    batch_shape = tuple(tokens.shape[:2])
+    source_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 0), 0), 0)
+    kinds = spec.target.kinds
+
+    def interleave(a: jax.Array, b: jax.Array, axis: int) -> jax.Array:
+        pair = jnp.stack([a, b], axis=axis + 1)
+        return pair.reshape(*a.shape[:axis], 2 * a.shape[axis], *a.shape[axis + 1 :])
+
+    paired_sources = {}
+    for layout in spec.decomposition.kinds:
+        kind = layout.kind
+        shape = (*batch_shape, layout.C + 1)
+        ids = jnp.asarray([site_id(layer, kind, kinds) for layer in layout.layers], jnp.uint32)
+        keys = jax.vmap(lambda i: jax.random.fold_in(source_key, i))(ids)
+        drawn = jax.vmap(lambda k, s=shape: sample_source(spec.sampling, s, key=k))(keys)
+        given = jnp.broadcast_to(sources[kind], drawn.shape).astype(drawn.dtype)
+        paired_sources[kind] = interleave(drawn, given, 1)
+    live = site_grid(spec.decomposition) >= 0
+    stream = None
+    if clean_stream is not None:  # the forward reads the stream at its first live layer only
+        first = int(np.flatnonzero(live.any(axis=1))[0])
+        stream = jnp.repeat(clean_stream[: first + 1], 2, axis=1)
+    logits = masked_forward(
+        spec,
+        target=target,
+        tokens=jnp.repeat(tokens, 2, axis=0),
+        components=components,
+        ci_lower={k: jnp.repeat(v, 2, axis=1) for k, v in ci_lower.items()},
+        live=live,
+        routed=None,
+        key=source_key,
+        clean_stream=stream,
+        sources=paired_sources,
+    )
+    pairs = logits.reshape(batch_shape[0], 2, *logits.shape[1:])
+    return (
+        output_divergence(spec, clean_logits, pairs[:, 0]),
+        output_divergence(spec, clean_logits, pairs[:, 1]),
+    )
