@@ -338,8 +338,22 @@ def test_four_devices_match_one_with_persistent_pgd() -> None:
         assert a.keys() == b.keys()
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
-    for x, y in zip(jax.tree.leaves(one_adv), jax.tree.leaves(four_adv), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+    # The sources move by Adam steps of ~lr = 0.05 each; Adam's m / sqrt(v) turns the 1- vs
+    # 4-device reduction order's ~1e-7 differences in a near-zero gradient into up to ~1e-4
+    # (measured 1.0e-4 on one Xeon, under 1e-5 on another). A sharding mistake moves a source
+    # by a whole step: atol 1e-3 tells the two apart.
+    assert set(one_adv) == set(four_adv) == {"sources", "opt_state"}
+    pairs = zip(
+        jax.tree.leaves(one_adv["sources"]), jax.tree.leaves(four_adv["sources"]), strict=True
+    )
+    for x, y in pairs:
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-3)
+    # Adam's moments are not normalized: within 0.1 % of each leaf's largest value.
+    pairs = zip(
+        jax.tree.leaves(one_adv["opt_state"]), jax.tree.leaves(four_adv["opt_state"]), strict=True
+    )
+    for x, y in pairs:
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-3 * float(np.abs(y).max()))
 
 
 def test_bsc_scope_needs_a_batch_the_data_axes_divide() -> None:
