@@ -109,3 +109,34 @@ def test_compile_takes_a_toy_config(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"| {jit} |" in out
     assert main(["compile", "builtin:tms_5_2", "--set", "pd.decomposition_targets[0].C=0"]) == 2
     assert "pd.decomposition_targets[0].C" in capsys.readouterr().err
+
+
+def test_pretrain_check_matches_within_float_rounding_and_refuses_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--check`` passes the shipped weights bit for bit or within 1e-5 of each array's scale
+    (another CPU's rounding) and fails beyond; it writes nothing either way."""
+    import numpy as np
+
+    from pd_train.targets import toys
+
+    shipped = toys.flat_weights(toys.load_weights(toys._weights_path("tms_5_2")))
+    scale = float(np.abs(shipped["layers.linear1"]).max())
+
+    def check_against(delta: float) -> tuple[int, str]:
+        moved = dict(shipped)
+        moved["layers.linear1"] = shipped["layers.linear1"] + np.float32(delta * scale)
+        path = tmp_path / f"moved_{delta:g}.npz"
+        np.savez(path, **moved)
+        monkeypatch.setattr(toys, "_weights_path", lambda name: path)
+        before = path.read_bytes()
+        code = main(["pretrain", "builtin:tms_5_2", "--check"])
+        assert path.read_bytes() == before  # --check writes nothing
+        return code, capsys.readouterr().out
+
+    code, out = check_against(2e-6)  # what another instruction set's rounding could do
+    assert code == 0, out
+    assert "matches the shipped weights" in out and "within 1e-05" in out
+    code, out = check_against(1e-3)  # a changed recipe or seed moves them by far more
+    assert code == 1, out
+    assert "DIFFERS from the shipped weights" in out and "over 1e-05" in out
