@@ -816,8 +816,9 @@ class MFUMeter:
             useful = None
         devices = trainer.mesh.devices.size if trainer.mesh is not None else 1
         # A CPU's measured peak is kept beside the persistent compile cache, when it is on.
-        cache = jax.config.jax_compilation_cache_dir
-        store = Path(cache) if cache and jax.config.jax_enable_compilation_cache else None
+        cache = getattr(jax.config, "jax_compilation_cache_dir", None)
+        enabled = getattr(jax.config, "jax_enable_compilation_cache", False)
+        store = Path(cache) if cache and enabled else None
         peak, source = peak_flops_per_device(
             jax.local_devices()[0],
             trainer.runtime.compute_dtype,
