@@ -49,6 +49,7 @@ CASES = [
         {"chunk_loop": "loop"},
         "pd.recon.chunk_loop: got 'loop'; must be one of 'scan', 'unroll'",
     ),
+    ("pd.recon", {"pair_terms": "maybe"}, "pd.recon.pair_terms: got 'maybe' (str); expected bool"),
     ("run_name", DELETE, "run_name: required field is missing"),
     ("run_name", "a/b", "run_name: got 'a/b'"),
     (

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train import step as step_module
 from pd_train.config import PersistentPGDRecon, RematConfig, RuntimeConfig
 from pd_train.models import llama
 from pd_train.step import Trainer, step_key
@@ -43,9 +42,7 @@ def _assert_same_step(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("scope", ["bsc", "sc"])
-def test_stochastic_and_persistent_pgd_terms_as_one_forward_keep_the_step(
-    monkeypatch: pytest.MonkeyPatch, scope: str
-) -> None:
+def test_stochastic_and_persistent_pgd_terms_as_one_forward_keep_the_step(scope: str) -> None:
     """The stochastic recon term and the persistent-PGD term run as one forward of 2B rows
     (``paired_all_sites_loss``): both terms, every other metric, the new params, Adam moments
     and PGD sources equal the step with one forward each, for batch-wide and shared sources."""
@@ -58,8 +55,9 @@ def test_stochastic_and_persistent_pgd_terms_as_one_forward_keep_the_step(
     trainer, paired_text, paired = _one_step(pd, runtime)
     assert trainer._all_site_pair() == (2, 4)
     assert "pd.term.all_sites_pair" in paired_text
-    monkeypatch.setattr(step_module, "PAIR_ALL_SITE_TERMS", False)
-    _, separate_text, separate = _one_step(pd, runtime)
+    unpaired = attrs.evolve(pd, recon=attrs.evolve(pd.recon, pair_terms=False))
+    trainer, separate_text, separate = _one_step(unpaired, runtime)
+    assert trainer._all_site_pair() is None
     assert "pd.term.all_sites_pair" not in separate_text
     _assert_same_step(paired, separate)
     assert float(paired["metrics"]["loss/stochastic_recon"]) > 0

@@ -309,7 +309,14 @@ class FaithfulnessWarmup:
 
 @attrs.frozen(kw_only=True)
 class ReconConfig:
-    """How recon forwards loop: ``scan`` compiles one body, ``unroll`` a Python loop (A/B)."""
+    """How recon forwards are structured; every choice gives the same values.
+
+    ``chunk_loop`` / ``layer_loop``: ``scan`` compiles one body, ``unroll`` a Python loop (A/B).
+    ``pair_terms``: a one-draw stochastic recon term and the persistent-PGD term run as one
+    masked forward of 2B rows (half the ops for the same FLOPs; 0.95x the default step's CPU
+    seconds, docs/findings.md section 10). It holds twice one forward's activations, so it is
+    used only without ``runtime.remat.recon``; false runs one forward each.
+    """
 
     chunk_loop: Literal["scan", "unroll"] = attrs.field(
         default="scan", validator=one_of("scan", "unroll")
@@ -317,6 +324,7 @@ class ReconConfig:
     layer_loop: Literal["scan", "unroll"] = attrs.field(
         default="scan", validator=one_of("scan", "unroll")
     )
+    pair_terms: bool = True
 
 
 @attrs.frozen(kw_only=True)

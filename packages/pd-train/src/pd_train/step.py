@@ -66,11 +66,6 @@ __all__ = ["GROUPS", "TrainState", "Trainer", "step_key"]
 #: The two optimizer groups, in order.
 GROUPS = ("components", "ci_fn")
 
-#: Run a stochastic recon term (one draw) and the persistent-PGD term as one forward of 2B rows
-#: (:func:`pd_train.losses.paired_all_sites_loss`) when ``runtime.remat.recon`` is off. False:
-#: one forward each (the same values; for A/B and the tests).
-PAIR_ALL_SITE_TERMS = True
-
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -659,9 +654,9 @@ class Trainer:
     def _all_site_pair(self) -> tuple[int, int] | None:
         """(index of a one-draw stochastic recon term, index of the persistent-PGD term) when
         :func:`pd_train.losses.paired_all_sites_loss` runs them as one forward, else None:
-        both present, :data:`PAIR_ALL_SITE_TERMS` and no ``runtime.remat.recon`` (the pair's
+        both present, ``pd.recon.pair_terms`` and no ``runtime.remat.recon`` (the pair's
         forward holds twice one forward's activations)."""
-        if not PAIR_ALL_SITE_TERMS or self.runtime.remat.recon or self.ppgd_index is None:
+        if not self.pd.recon.pair_terms or self.runtime.remat.recon or self.ppgd_index is None:
             return None
         for i, term in enumerate(self.pd.loss_metrics):
             if isinstance(term, StochasticRecon) and term.n_samples == 1:
