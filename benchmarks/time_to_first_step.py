@@ -12,6 +12,12 @@ install that compiled none, e.g. ``uv`` without ``--compile-bytecode``) every la
 jax's, optax's and pd's modules from source again (``import jax``: ~1.8 s instead of ~0.7 on
 this 2-core machine). The table says which case was measured; ``--pycache-prefix DIR`` runs the
 launches with bytecode cached in DIR (``PYTHONPYCACHEPREFIX``; the cold launch writes it).
+
+The same code's figures differ ~2.5x between the VMs this project has run on, so the table
+starts with the machine's speed: the CPU seconds of a pure-Python loop of 30 M additions at a
+module's top level (a launch is mostly interpreter and compiler work). On the VMs of
+docs/findings.md section 10 (that section's commits) it took 1.3-1.4 s (cold 16-18 s, warm
+1.9-2.2 s), ~2 s (cold 24.7 s, warm 3.2-4.7 s) and 3.5-4.2 s (cold 27-45 s, warm 3.5-5.4 s).
 """
 
 from __future__ import annotations
@@ -77,6 +83,25 @@ def first_step_seconds(
     return step0 - started, cpu_at_step0, usage.ru_utime + usage.ru_stime
 
 
+_LOOP = """
+import time
+started, total = time.process_time(), 0
+for i in range(30_000_000):
+    total += i
+print(time.process_time() - started)
+"""
+
+
+def python_loop_seconds() -> float:
+    """CPU seconds of a pure-Python loop of 30 M additions at a module's top level (global
+    variables, as ``python -c`` runs it), best of two fresh interpreters."""
+    runs = [
+        subprocess.run([sys.executable, "-c", _LOOP], capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    return min(float(r.stdout) for r in runs)
+
+
 def bytecode_state() -> str:
     """Whether a launch imports jax from cached bytecode (``.pyc``) or compiles it from source,
     as this process's environment says (the launches inherit it)."""
@@ -111,6 +136,7 @@ def main() -> None:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
         sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
     imports = bytecode_state()
+    loop_s = python_loop_seconds()
     overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,6 +150,7 @@ def main() -> None:
             spent = total
     (_, cold, *_), (_, warm, *_) = rows
     print(f"cores: {os.cpu_count()}; load average (1 min) at each launch in the last column")
+    print(f"machine speed: a pure-Python loop of 30 M additions takes {loop_s:.2f} CPU s")
     print(f"Python imports (jax): {imports}; now: {bytecode_state()}")
     print(
         "| launch | compile cache | time to end of step 0 | CPU s by then | CPU s in all | load |"
