@@ -90,6 +90,24 @@ def test_groups_without_an_elementwise_unit_map_are_drawn_by_map():
     assert plan.draw == "counter"
 
 
+def test_zero_groups_are_a_broadcast_with_no_loop(mesh_of):
+    batch = NamedSharding(mesh_of(8), PartitionSpec("data"))
+    specs = _specs(pd_init.Zeros(), jnp.float32, (5, 9), lead=(8, 2), n=3, sharding=batch)
+    specs += _specs(pd_init.Zeros(), jnp.int32, (4,), lead=(8, 2), sharding=batch, tag="i.")
+    key = jax.eval_shape(lambda: jax.random.key(0))
+
+    def whiles(draw):
+        plan = pd_init.InitPlan(specs, draw=draw)
+        return plan.stacked_fn.lower(key=key).as_text().count("stablehlo.while")
+
+    assert (whiles("map"), whiles("counter")) == (3, 0)  # map: one loop per group
+    _, stacked = _check(specs, jax.random.key(2), counter_drawn=())
+    for name, stack in stacked.stacks.items():
+        assert stack.sharding.spec == PartitionSpec(None, "data"), name
+        assert not np.asarray(stack).any(), name
+    assert stacked.stacks["i.w4"].dtype == jnp.int32
+
+
 def test_sharded_counter_drawn_stacks_are_identical_and_keep_their_shardings(mesh_of):
     mesh = mesh_of(8)
     batch = NamedSharding(mesh, PartitionSpec("data"))  # a member [8, 4, w]: B over the mesh

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+import pd_init
 import pd_sharding
 from pd_train.cli import main
 from pd_train.config import (
@@ -76,6 +77,15 @@ def test_stacked_and_per_array_init_are_bit_identical(devices) -> None:
     # Not trivially equal: the random arrays hold distinct, non-zero values.
     v = np.asarray(stacked["components"]["down_proj"]["V"])
     assert v.std() > 0 and not np.array_equal(v[0], v[1])
+
+
+def test_stacked_init_draws_every_random_group_from_counters_with_no_loop() -> None:
+    trainer = _trainer("stacked")
+    plan = trainer.init_plan()
+    random = {g.name for g in plan.groups if not isinstance(g.init, pd_init.Zeros)}
+    assert random and set(plan.counter_drawn) == random  # the zero groups: a broadcast
+    lowered = dict(trainer.init_lowerings(key=ABSTRACT_KEY))["init_params"]()
+    assert "stablehlo.while" not in lowered.as_text()  # draw="map": a loop per group
 
 
 def test_per_array_init_jit_has_one_output_per_array() -> None:

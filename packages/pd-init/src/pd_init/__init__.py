@@ -31,7 +31,7 @@ from pd_init._keys import derive_key, name_hash
 from pd_init._plan import Group, InitPlan, StackedArrays
 from pd_init._spec import ArraySpec
 
-__version__ = "0.1.1"
+__version__ = "0.1.2"
 
 __all__ = [
     "ArraySpec",

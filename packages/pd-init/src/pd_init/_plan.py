@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from pd_init import _counter
 from pd_init._errors import InitSpecError
-from pd_init._initializers import Initializer
+from pd_init._initializers import Initializer, Zeros
 from pd_init._keys import check_no_collisions
 from pd_init._spec import ArraySpec, check_sharding
 
@@ -128,8 +128,9 @@ class InitPlan:
             flat index in its member), the counters ``jax.random`` gives each element, hashed by
             an unrolled threefry that XLA fuses into the kernel writing the stack (see
             ``pd_init._counter``). Same values, bit for bit; no temporary; the compile is one
-            small kernel per group, whatever the member count and size. Other groups (and
-            members of 2**32 elements or more) are drawn as by ``"map"``.
+            small kernel per group, whatever the member count and size. ``Zeros`` groups are
+            one broadcast zero (no key, no loop); other groups (and members of 2**32 elements
+            or more) are drawn as by ``"map"``.
             :attr:`counter_drawn` lists the groups drawn from counters.
     """
 
@@ -206,6 +207,10 @@ class InitPlan:
                         _counter.key_data(members), group.shape, group.dtype
                     )
                     value = group.init.from_unit(unit, group.dtype)  # type: ignore[union-attr]
+                    if group.sharding is not None:
+                        value = jax.lax.with_sharding_constraint(value, group.sharding)
+                elif draw_mode == "counter" and isinstance(group.init, Zeros):
+                    value = jnp.zeros(group.stacked_shape, group.dtype)  # no key, no loop
                     if group.sharding is not None:
                         value = jax.lax.with_sharding_constraint(value, group.sharding)
                 else:
