@@ -329,8 +329,8 @@ class Trainer:
                     for path, a in jax.tree_util.tree_leaves_with_path(self.abstract_params())
                 }
             # ``counter``: every random group is one elementwise kernel (no loop; the same
-            # values as ``map``, bit for bit), the zero groups a broadcast: the default step's
-            # init compiles in about half the CPU seconds of ``map``'s 60 loops.
+            # values as ``map``, bit for bit), the zero groups a broadcast: the default config's
+            # params init compiles in about half the CPU seconds of ``map``'s 60 loops.
             self._init_plan = pd_init.InitPlan(
                 self.param_specs(), group_shardings=group_shardings, draw="counter"
             )
