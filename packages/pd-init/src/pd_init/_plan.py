@@ -207,12 +207,10 @@ class InitPlan:
                         _counter.key_data(members), group.shape, group.dtype
                     )
                     value = group.init.from_unit(unit, group.dtype)  # type: ignore[union-attr]
-                    if group.sharding is not None:
-                        value = jax.lax.with_sharding_constraint(value, group.sharding)
+                    value = _constrain(value, group.sharding)
                 elif draw_mode == "counter" and isinstance(group.init, Zeros):
                     value = jnp.zeros(group.stacked_shape, group.dtype)  # no key, no loop
-                    if group.sharding is not None:
-                        value = jax.lax.with_sharding_constraint(value, group.sharding)
+                    value = _constrain(value, group.sharding)
                 else:
                     init = functools.partial(_draw, group.init, group.shape, group.dtype)
                     if draw_mode != "vmap":
@@ -338,6 +336,11 @@ class InitPlan:
 def _counter_drawable(group: Group) -> bool:
     """Whether ``draw="counter"`` draws ``group`` from counters (given a threefry key)."""
     return hasattr(group.init, "from_unit") and _counter.supports(group.shape, group.dtype)
+
+
+def _constrain(value: jax.Array, sharding: Sharding | None) -> jax.Array:
+    """``value`` laid out as ``sharding`` (a stack written in one kernel), or as XLA likes."""
+    return value if sharding is None else jax.lax.with_sharding_constraint(value, sharding)
 
 
 def _draw(init: Initializer, shape: tuple[int, ...], dtype: np.dtype, key: jax.Array) -> jax.Array:
