@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pd_launch import __version__
-from pd_launch._errors import JobFailedError, JobWaitTimeoutError, LaunchError
+from pd_launch._errors import (
+    DroppedDefaultsWarning,
+    JobFailedError,
+    JobSpecError,
+    JobWaitTimeoutError,
+    LaunchError,
+    SlurmQueryError,
+    SubmissionError,
+    SubmissionRejectedError,
+    UnknownJobError,
+)
 from pd_launch._io import job_from_dict, job_to_dict, load_job
 from pd_launch._slurm import (
     JobStatus,
@@ -20,6 +31,22 @@ from pd_launch._slurm import (
     submit,
     wait,
 )
+
+# Exit codes (also in the README and --help).
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_REJECTED = 3
+EXIT_SLURM_ERROR = 4
+
+_EXIT_CODES_HELP = """exit codes:
+  0  done (submit --wait, wait: the job ended COMPLETED)
+  1  the job ended in another state (FAILED, CANCELLED, TIMEOUT, ...), or --wait/--timeout ran
+     out while it still runs
+  2  bad input, nothing submitted: arguments, job description, an existing --script-path, an
+     unreadable SLURM_CONF, SLURM commands not on PATH, a job id SLURM does not know
+  3  sbatch rejected the submission (its message is printed; no job is left to run)
+  4  SLURM did not answer or a query failed (sbatch's answer lost, squeue/sacct/scancel errors)"""
 
 
 def _integer(text: str) -> int:
@@ -68,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
             "SRUN_*, SALLOC_*, PMI_*, PMIX_* and other launchers' rank variables (SLURM_CONF "
             "kept)."
         ),
+        epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"pd-launch {__version__}")
     commands = parser.add_subparsers(dest="action", required=True)
@@ -76,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         "submit",
         help="render and submit a job",
         description="Render a job description to an sbatch script and submit it.",
+        epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.add_argument("--job", metavar="FILE", help="job description (.json or .toml)")
     for field, (flag, kind) in _VALUE_FLAGS.items():
@@ -107,7 +138,10 @@ def _parser() -> argparse.ArgumentParser:
         ("cancel", "cancel a job"),
         ("wait", "wait for a job to end; exit 1 unless it ends COMPLETED"),
     ):
-        p = commands.add_parser(name, help=text, description=text)
+        p = commands.add_parser(
+            name, help=text, description=text, epilog=_EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
         p.add_argument("job_id")
         if name == "wait":
             p.add_argument("--timeout", type=_seconds, required=True, metavar="SECONDS")
@@ -126,7 +160,7 @@ def _job_from_args(args: argparse.Namespace) -> Any:
             name, sep, value = item.partition("=")
             if not sep:
                 msg = f"--env {item!r}: expected NAME=VALUE"
-                raise SystemExit(f"pd-launch: error: {msg}")
+                raise JobSpecError(msg)
             env[name] = value
         data["env"] = env
     if args.command:
@@ -141,7 +175,10 @@ def _show(status: JobStatus) -> str:
 
 
 def _dry_run_report(
-    removed: tuple[str, ...], env: Mapping[str, str], job_env: Sequence[str]
+    removed: tuple[str, ...],
+    env: Mapping[str, str],
+    job_env: Sequence[str],
+    dropped_defaults: str | None = None,
 ) -> str:
     lines = ["# --dry-run: nothing submitted."]
     if removed:
@@ -153,11 +190,42 @@ def _dry_run_report(
         lines.append("# Kept: SLURM_CONF")
     if job_env:
         lines.append(f"# Set by the job: {', '.join(sorted(job_env))}")
+    if dropped_defaults is not None:
+        lines.append(f"# warning: {dropped_defaults}")
     return "\n".join(lines)
 
 
+def _exit_code(error: Exception) -> int:
+    """The exit code for an error pd-launch raised (see _EXIT_CODES_HELP)."""
+    if isinstance(error, JobWaitTimeoutError | JobFailedError):
+        return EXIT_JOB_FAILED
+    if isinstance(error, SubmissionRejectedError):
+        return EXIT_REJECTED
+    if isinstance(error, UnknownJobError):
+        return EXIT_BAD_INPUT
+    if isinstance(error, SubmissionError | SlurmQueryError):
+        return EXIT_SLURM_ERROR
+    return EXIT_BAD_INPUT
+
+
+def _submit(job: Any, script_path: str | None) -> Any:
+    """submit(), with its DroppedDefaultsWarning printed as one line at once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DroppedDefaultsWarning)
+        try:
+            return submit(job, script_path=script_path)
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, DroppedDefaultsWarning):
+                    print(f"pd-launch: warning: {warning.message}", file=sys.stderr)
+                else:
+                    warnings.showwarning(
+                        warning.message, warning.category, warning.filename, warning.lineno
+                    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code."""
+    """Run the CLI; returns the process exit code (0-4, see ``pd-launch --help``)."""
     args = _parser().parse_args(argv)
     try:
         if args.action == "submit":
@@ -165,9 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.dry_run:
                 prepared = prepare_submission(job)
                 print(prepared.script, end="")
-                print(_dry_run_report(prepared.removed, prepared.env, list(job.env)))
+                print(
+                    _dry_run_report(
+                        prepared.removed, prepared.env, list(job.env), prepared.dropped_defaults
+                    )
+                )
                 return 0
-            submission = submit(job, script_path=args.script_path)
+            submission = _submit(job, args.script_path)
             if submission.warnings:
                 print(submission.warnings, file=sys.stderr)
             print(submission.job_id)
@@ -189,9 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if status.ok else 1
     except (JobWaitTimeoutError, JobFailedError) as e:
         print(f"pd-launch: {e}", file=sys.stderr)
-        return 1
-    except (LaunchError, FileExistsError) as e:
+        return EXIT_JOB_FAILED
+    except LaunchError as e:
         print(f"pd-launch: error: {e}", file=sys.stderr)
-        return 2
+        return _exit_code(e)
+    except OSError as e:  # the script path: exists, or its folder cannot be written
+        print(f"pd-launch: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     msg = f"unknown action {args.action!r}"
     raise AssertionError(msg)

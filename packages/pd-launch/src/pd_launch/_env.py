@@ -58,6 +58,39 @@ SCRUBBED_NAMES: frozenset[str] = frozenset(
 # Where to find the cluster, not something an allocation sets.
 KEPT_NAMES: frozenset[str] = frozenset({"SLURM_CONF"})
 
+# Names that an allocation gives the processes inside it, but that are also ordinary settings
+# outside one: the devices a job may use (set by slurmd's gres/gpu plugin: CUDA_, ROCR_,
+# GPU_DEVICE_ORDINAL, ZE_AFFINITY_MASK; by container runtimes: NVIDIA_; by sites and ROCm:
+# HIP_) and its scratch directory (TMPDIR: a per-job directory from slurmstepd, the site's
+# prolog or job_container/tmpfs, on the caller's node, removed when the caller's job ends). They
+# are removed only when the caller is inside a SLURM job (see :func:`in_allocation`); a new job
+# gets its own from its own allocation, or the values its ``env`` sets.
+ALLOCATION_NAMES: frozenset[str] = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "TMPDIR",
+    }
+)
+
+# The query commands' own option variables: squeue reads SQUEUE_USERS, SQUEUE_PARTITION,
+# SQUEUE_NAMES, SQUEUE_STATES, ... as filters (the job asked about is then "not found"),
+# scancel reads SCANCEL_NAME, SCANCEL_PARTITION, SCANCEL_USER, ... as filters (the job is then
+# silently not cancelled, exit 0) and SCANCEL_INTERACTIVE as "ask first"; sacct reads SACCT_*.
+# pd-launch's own squeue, sacct and scancel calls run without them; sbatch and the job keep them.
+QUERY_PREFIXES: tuple[str, ...] = ("SQUEUE_", "SCANCEL_", "SACCT_")
+
+
+def in_allocation(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` is that of a process inside a SLURM job: SLURM_JOB_ID (or the older
+    SLURM_JOBID) is set and not empty. slurmd sets both for every batch script, ``salloc``
+    shell and ``srun`` task, and nothing outside a job does."""
+    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
 
 def is_scrubbed(name: str) -> bool:
     """Whether the scrub rule removes a variable called ``name`` (before ``keep``/overrides)."""
@@ -83,7 +116,9 @@ def scrub_environment(
     env: Mapping[str, str], *, keep: Iterable[str] = (), overrides: Mapping[str, str] | None = None
 ) -> ScrubbedEnvironment:
     """``env`` without the variables of :data:`SCRUBBED_PREFIXES` and :data:`SCRUBBED_NAMES`
-    (SLURM_*, SBATCH_*, PMI_*, PMIX_*, OMPI_COMM_WORLD_*, ...), except SLURM_CONF.
+    (SLURM_*, SBATCH_*, PMI_*, PMIX_*, OMPI_COMM_WORLD_*, ...), except SLURM_CONF; inside a
+    SLURM job (:func:`in_allocation`) also without :data:`ALLOCATION_NAMES`
+    (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, ..., TMPDIR).
 
     Args:
         env: the caller's environment (e.g. ``os.environ``); not modified.
@@ -92,10 +127,11 @@ def scrub_environment(
             last, so they are never removed and win over the caller's values.
     """
     kept = KEPT_NAMES | set(keep)
+    allocated = ALLOCATION_NAMES if in_allocation(env) else frozenset()
     clean: dict[str, str] = {}
     removed: list[str] = []
     for name, value in env.items():
-        if is_scrubbed(name) and name not in kept:
+        if (is_scrubbed(name) or name in allocated) and name not in kept:
             removed.append(name)
         else:
             clean[name] = value
@@ -103,3 +139,13 @@ def scrub_environment(
         clean.update(overrides)
         removed = [name for name in removed if name not in overrides]
     return ScrubbedEnvironment(env=clean, removed=tuple(sorted(removed)))
+
+
+def query_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment pd-launch runs squeue, sacct and scancel with: ``env`` scrubbed as for a
+    submission and without the query commands' own settings (:data:`QUERY_PREFIXES`)."""
+    return {
+        name: value
+        for name, value in scrub_environment(env).env.items()
+        if not name.startswith(QUERY_PREFIXES)
+    }

@@ -20,8 +20,14 @@ class SlurmNotFoundError(LaunchError, FileNotFoundError):
     """A SLURM client command (sbatch, squeue, sacct, scancel) is not on PATH."""
 
 
+class SlurmConfigError(LaunchError):
+    """SLURM_CONF names a file that cannot be read (SLURM's clients would retry it for a minute
+    or more before failing)."""
+
+
 class SubmissionError(LaunchError):
-    """sbatch rejected the job; ``stderr`` is sbatch's own message. No job was created."""
+    """sbatch rejected the job or gave no usable answer; ``stderr`` is sbatch's own message.
+    No job is left that could run."""
 
     def __init__(self, message: str, *, stderr: str = "", returncode: int | None = None) -> None:
         super().__init__(message)
@@ -29,12 +35,20 @@ class SubmissionError(LaunchError):
         self.returncode = returncode
 
 
-class UnknownPartitionError(SubmissionError):
+class SubmissionRejectedError(SubmissionError):
+    """sbatch answered and refused the job (it exited non-zero); ``stderr`` says why."""
+
+
+class UnknownPartitionError(SubmissionRejectedError):
     """sbatch rejected the job because its partition does not exist on this cluster."""
 
 
 class SlurmQueryError(LaunchError):
     """squeue/sacct/scancel failed or could not say anything about a job."""
+
+
+class UnknownJobError(SlurmQueryError):
+    """Neither squeue nor sacct knows the job id."""
 
 
 class JobFailedError(LaunchError):
@@ -55,3 +69,12 @@ class JobWaitTimeoutError(LaunchError, TimeoutError):
 
 class SlurmStepError(LaunchError, ValueError):
     """The environment given is not that of a SLURM job step (or is inconsistent)."""
+
+
+class LaunchWarning(UserWarning):
+    """Base class of the warnings pd-launch issues."""
+
+
+class DroppedDefaultsWarning(LaunchWarning):
+    """The caller's sbatch option variables (``SBATCH_ACCOUNT``, ``SBATCH_QOS``, ...) were left
+    out of a submission; the message says how to keep each through the job's fields."""

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from pd_launch._errors import JobSpecError
+from pd_launch._options import MANAGED_OPTIONS, option_variable_problem, resolve_option
 
 # Every pattern is ASCII-only: Python's \d and int() accept any script's digits ('٣', '３'),
 # which sbatch refuses. Values must also be ASCII strings (``_ascii``) before a pattern runs,
@@ -40,96 +41,28 @@ _SHORT_OPTION = re.compile(r"-[A-Za-z]")
 # comment. Paths made only of these characters are written bare, any other inside "...".
 _BARE_PATH = re.compile(r"[A-Za-z0-9_./%:@+,=~-]+")
 
-# Options the description renders itself, or that would break what pd-launch does with the job
-# (one job, found by its comment, submitted with --parsable, in a scrubbed environment); an
-# extra directive may not set them. Keys are as sbatch spells them in full; an abbreviation
-# sbatch would expand to one of them is caught too (see _resolve_option).
-_MANAGED_OPTIONS = {
-    "--job-name": "name",
-    "-J": "name",
-    "--nodes": "nodes",
-    "-N": "nodes",
-    "--ntasks-per-node": "tasks_per_node",
-    "--tasks-per-node": "tasks_per_node",
-    "--ntasks": "tasks_per_node (tasks = nodes × tasks_per_node)",
-    "-n": "tasks_per_node (tasks = nodes × tasks_per_node)",
-    "--ntasks-per-gpu": "tasks_per_node",
-    "--ntasks-per-tres": "tasks_per_node",
-    "--cpus-per-task": "cpus_per_task",
-    "-c": "cpus_per_task",
-    "--cpus-per-gpu": "cpus_per_task",
-    "--tres-per-task": "cpus_per_task / gpus_per_node",
-    "--gpus-per-node": "gpus_per_node",
-    "--gpus": "gpus_per_node",
-    "-G": "gpus_per_node",
-    "--gpus-per-task": "gpus_per_node",
-    "--gpus-per-socket": "gpus_per_node",
-    "--mem": "memory",
-    "--mem-per-cpu": "mem_per_cpu",
-    "--mem-per-gpu": "memory / mem_per_cpu (SLURM allows one of --mem, --mem-per-cpu, "
-    "--mem-per-gpu)",
-    "--time": "time",
-    "-t": "time",
-    "--partition": "partition",
-    "-p": "partition",
-    "--account": "account",
-    "-A": "account",
-    "--signal": "signal",
-    "--requeue": "requeue",
-    "--no-requeue": "requeue",
-    "--output": "output",
-    "-o": "output",
-    "--error": "error",
-    "-e": "error",
-    "--open-mode": "output/error (always append)",
-    "--chdir": "chdir",
-    "-D": "chdir",
-    "--export": "env (pd-launch controls the submission environment)",
-    "--export-file": "env (pd-launch controls the submission environment)",
-    "--get-user-env": "env (pd-launch controls the submission environment)",
-    "--comment": "none (pd-launch tags each submission with a comment to find it again)",
-    "--parsable": "none (pd-launch passes it to read the job id)",
-    "--array": "none (pd-launch submits and follows one job)",
-    "-a": "none (pd-launch submits and follows one job)",
-    "--wait": "none (use pd-launch's wait)",
-    "-W": "none (use pd-launch's wait)",
-    "--test-only": "none (no job would be created; use a dry run)",
-    "--wrap": "command",
-}
-
-# sbatch's long options, to resolve abbreviations the way sbatch's getopt_long does: an exact
-# name wins, else a prefix of exactly one option means that option, and a prefix of several is
-# an error. The SLURM 22.05 ones are read from Debian 12's sbatch itself (its "ambiguous;
-# possibilities: ..." answer to --a= through --z=), plus later releases' additions.
-_SBATCH_LONG_OPTION_NAMES = """
-    account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters
-    comment constraint container context container-id contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu
-    cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export
-    export-file extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus gpus-per-node
-    gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs input job-name
-    kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu
-    mem-per-gpu mincpus network nice no-kill no-requeue nodefile nodelist nodes ntasks
-    ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres
-    oom-kill-step open-mode
-    output overcommit oversubscribe parsable partition power prefer priority profile propagate
-    qos quiet reboot requeue reservation segment signal sockets-per-node spread-job switches
-    tasks-per-node test-only thread-spec threads-per-core time time-min tmp tres-bind
-    tres-per-task uid usage use-min-nodes verbose version wait wait-all-nodes wckey wrap
-"""
-_SBATCH_LONG_OPTIONS = frozenset("--" + name for name in _SBATCH_LONG_OPTION_NAMES.split())
+# Linux refuses to exec a program with any one argument or environment string ("NAME=value")
+# longer than MAX_ARG_STRLEN bytes counting its NUL, i.e. of 131072 bytes or more: 32 pages of 4 KiB (E2BIG, "Argument list
+# too long"). Kernels with larger pages allow more; 4 KiB pages are what x86-64 nodes have.
+MAX_ARG_STRLEN = 128 * 1024
 
 
-def _resolve_option(option: str) -> tuple[str, tuple[str, ...]]:
-    """The long option sbatch reads ``option`` as, and the candidates when it is ambiguous.
+def _string_bytes(text: str) -> int:
+    """Bytes ``text`` takes in an exec'd argument or environment string, with its NUL."""
+    return len(text.encode("utf-8", "surrogatepass")) + 1
 
-    An option sbatch does not list (a newer SLURM's) resolves to itself: sbatch is its judge.
-    """
-    if option in _SBATCH_LONG_OPTIONS:
-        return option, ()
-    candidates = tuple(sorted(o for o in _SBATCH_LONG_OPTIONS if o.startswith(option)))
-    if len(candidates) == 1:
-        return candidates[0], ()
-    return option, candidates
+
+def _too_long(size: int) -> str:
+    return (
+        f"{size - 1} bytes (UTF-8); Linux refuses to start a program with any one argument or "
+        f"environment string of {MAX_ARG_STRLEN} bytes or more (MAX_ARG_STRLEN, 128 KiB "
+        "counting its NUL), so the job would fail with 'Argument list too long': pass the data in "
+        "a file instead"
+    )
+
+
+def _preview(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:30]!r}...({len(text)} characters)"
 
 
 def path_problem(value: object) -> str | None:
@@ -279,16 +212,37 @@ def _check_command(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> N
         if not isinstance(arg, str) or "\0" in arg:
             msg = f"command[{i}]={arg!r} must be a string without NUL bytes"
             raise JobSpecError(msg)
+        size = _string_bytes(arg)
+        if size > MAX_ARG_STRLEN:
+            msg = f"command[{i}]={_preview(arg)} is {_too_long(size)}"
+            raise JobSpecError(msg)
+
+
+def env_problem(name: object, value: object) -> str | None:
+    """Why a job's ``env`` cannot hold ``name=value``, or None when it can.
+
+    The name must be a variable name and not an option variable of sbatch, salloc or srun
+    (``SBATCH_*``, ``SALLOC_*``, ``SRUN_*``: they would override the job's own fields); the
+    value a string without NUL bytes; ``NAME=value`` under :data:`MAX_ARG_STRLEN` bytes.
+    """
+    if not isinstance(name, str) or _ENV_NAME.fullmatch(name) is None:
+        return f"env key {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    problem = option_variable_problem(name)
+    if problem is not None:
+        return problem
+    if not isinstance(value, str) or "\0" in value:
+        return f"env[{name!r}]={value!r} must be a string without NUL bytes"
+    size = _string_bytes(f"{name}={value}")
+    if size > MAX_ARG_STRLEN:
+        return f"env[{name!r}]={_preview(value)}: {name}=VALUE is {_too_long(size)}"
+    return None
 
 
 def _check_env(_instance: Any, _attribute: Any, value: Mapping[str, str]) -> None:
     for name, val in value.items():
-        if not isinstance(name, str) or _ENV_NAME.fullmatch(name) is None:
-            msg = f"env key {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
-            raise JobSpecError(msg)
-        if not isinstance(val, str) or "\0" in val:
-            msg = f"env[{name!r}]={val!r} must be a string without NUL bytes"
-            raise JobSpecError(msg)
+        problem = env_problem(name, val)
+        if problem is not None:
+            raise JobSpecError(problem)
 
 
 def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> None:
@@ -302,7 +256,7 @@ def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> Non
             raise JobSpecError(msg)
         written = item.split("=", 1)[0]
         if _LONG_OPTION.fullmatch(written):
-            option, ambiguous = _resolve_option(written)
+            option, ambiguous = resolve_option(written)
             if ambiguous:
                 msg = (
                     f"{where}: sbatch reads {written} as an abbreviation of any of "
@@ -317,7 +271,7 @@ def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> Non
                 "(--name[=value]) or a short one (-x[value])"
             )
             raise JobSpecError(msg)
-        if option in _MANAGED_OPTIONS:
+        if option in MANAGED_OPTIONS:
             spelled = (
                 option
                 if option == written or not written.startswith("--")
@@ -325,7 +279,7 @@ def _check_extra(_instance: Any, _attribute: Any, value: tuple[str, ...]) -> Non
             )
             msg = (
                 f"{where} sets {spelled}, which the job description owns; use the field "
-                f"{_MANAGED_OPTIONS[option]!r} instead"
+                f"{MANAGED_OPTIONS[option]!r} instead"
             )
             raise JobSpecError(msg)
 
@@ -367,7 +321,8 @@ class JobSpec:
 
     Attributes:
         name: job name (``--job-name``).
-        command: the program and arguments each task runs, e.g. ``("pd-train", "run", "c.yaml")``.
+        command: the program and arguments each task runs, e.g. ``("pd-train", "run", "c.yaml")``;
+            each under :data:`MAX_ARG_STRLEN` bytes.
         nodes: number of nodes.
         tasks_per_node: tasks (processes) per node; None leaves it to SLURM, which starts one
             task per node unless the submission environment says otherwise.
@@ -387,7 +342,8 @@ class JobSpec:
         error: stderr path; None sends stderr to ``output``.
         chdir: working directory of the job; None is the directory sbatch is run from.
         env: variables exported in the script before ``srun`` (and kept in the submission
-            environment even when their names look like SLURM's).
+            environment even when their names look like SLURM's); sbatch's, salloc's and
+            srun's option variables (``SBATCH_*``, ``SALLOC_*``, ``SRUN_*``) are refused.
         extra_directives: more sbatch options, one per ``#SBATCH`` line, e.g.
             ``("--constraint=a100", "--qos=high")``; options the fields above own are refused.
     """

@@ -9,18 +9,24 @@ import shutil
 import subprocess
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
-from pd_launch._env import ScrubbedEnvironment, scrub_environment
+from pd_launch._defaults import dropped_defaults_warning
+from pd_launch._env import ScrubbedEnvironment, query_environment, scrub_environment
 from pd_launch._errors import (
+    DroppedDefaultsWarning,
     JobFailedError,
     JobWaitTimeoutError,
+    SlurmConfigError,
     SlurmNotFoundError,
     SlurmQueryError,
     SubmissionError,
+    SubmissionRejectedError,
+    UnknownJobError,
     UnknownPartitionError,
 )
 from pd_launch._job import JobSpec, render_script
@@ -82,11 +88,14 @@ class PreparedSubmission:
         script: the sbatch script text.
         env: the environment sbatch would run with.
         removed: names scrubbed from the caller's environment, sorted.
+        dropped_defaults: one line naming the caller's ``SBATCH_*`` defaults that the scrub
+            drops and how to keep them through the job's fields; None if there are none.
     """
 
     script: str
     env: Mapping[str, str] = attrs.field(hash=False)
     removed: tuple[str, ...]
+    dropped_defaults: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -99,6 +108,8 @@ class Submission:
         script_path: where the script was written, if a path was given.
         removed: names scrubbed from the caller's environment, sorted.
         warnings: whatever sbatch wrote to stderr while accepting the job.
+        dropped_defaults: as in :class:`PreparedSubmission` (also issued as a
+            :class:`DroppedDefaultsWarning`).
     """
 
     job_id: str
@@ -106,14 +117,47 @@ class Submission:
     script_path: Path | None
     removed: tuple[str, ...]
     warnings: str = ""
+    dropped_defaults: str | None = None
 
 
 def prepare_submission(job: JobSpec, *, env: Mapping[str, str] | None = None) -> PreparedSubmission:
     """The script and scrubbed environment :func:`submit` would use, touching nothing."""
-    scrubbed: ScrubbedEnvironment = scrub_environment(
-        os.environ if env is None else env, overrides=job.env
+    caller = os.environ if env is None else env
+    scrubbed: ScrubbedEnvironment = scrub_environment(caller, overrides=job.env)
+    return PreparedSubmission(
+        script=render_script(job),
+        env=scrubbed.env,
+        removed=scrubbed.removed,
+        dropped_defaults=dropped_defaults_warning(job, scrubbed.removed, caller),
     )
-    return PreparedSubmission(script=render_script(job), env=scrubbed.env, removed=scrubbed.removed)
+
+
+def check_slurm_conf(env: Mapping[str, str]) -> None:
+    """Raise :class:`SlurmConfigError` if ``env`` sets SLURM_CONF to a file that cannot be read.
+
+    SLURM's clients retry an unreadable SLURM_CONF for about a minute (squeue) or more before
+    they fail; this says so at once. An unset SLURM_CONF is left to SLURM (its default path, or
+    a configless cluster).
+    """
+    conf = env.get("SLURM_CONF")
+    if conf is None:
+        return
+    problem = None
+    if not conf:
+        problem = "is empty"
+    elif not os.path.exists(conf):
+        problem = "does not exist"
+    elif not os.path.isfile(conf):
+        problem = "is not a file"
+    elif not os.access(conf, os.R_OK):
+        problem = "is not readable"
+    if problem is not None:
+        msg = (
+            f"SLURM_CONF={conf!r} {problem}; SLURM's commands would retry it for a minute or "
+            "more and then fail: point SLURM_CONF at the cluster's slurm.conf, or unset it to "
+            "use SLURM's default"
+        )
+        raise SlurmConfigError(msg)
 
 
 def _which(program: str, env: Mapping[str, str]) -> str:
@@ -132,9 +176,11 @@ def _run(
     argv: Sequence[str], env: Mapping[str, str], *, timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run a SLURM client command (already resolved on PATH); raises TimeoutExpired."""
+    # Never the caller's terminal: a SLURM command that asks (scancel -i) gets no answer.
     return subprocess.run(
         list(argv),
         input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
         capture_output=True,
         text=True,
         env=dict(env),
@@ -190,7 +236,9 @@ def submit(
 
     Raises:
         SlurmNotFoundError: no sbatch on PATH.
+        SlurmConfigError: SLURM_CONF names a file that cannot be read.
         UnknownPartitionError: the partition does not exist (carries sbatch's message).
+        SubmissionRejectedError: sbatch refused the job (carries its message).
         SubmissionError: sbatch rejected the job or did not answer (carries its message). No job
             is left that could run: after a rejection or a lost answer, any job carrying this
             submission's comment is cancelled unless SLURM already ended it (the message says
@@ -199,6 +247,10 @@ def submit(
     """
     prepared = prepare_submission(job, env=env)
     sbatch = _which("sbatch", prepared.env)
+    check_slurm_conf(prepared.env)
+    if prepared.dropped_defaults is not None:
+        # Before sbatch runs: a site that needs the dropped account or QOS rejects the job.
+        warnings.warn(prepared.dropped_defaults, DroppedDefaultsWarning, stacklevel=2)
     # A token to find the job by if sbatch's answer is lost (timeout, unreadable output).
     token = f"pd-launch-{uuid.uuid4().hex}"
     argv = [sbatch, "--parsable", f"--comment={token}"]
@@ -227,7 +279,9 @@ def submit(
             if cleanup:
                 msg = f"{msg}\n({cleanup})"
             error = (
-                UnknownPartitionError if "invalid partition" in stderr.lower() else SubmissionError
+                UnknownPartitionError
+                if "invalid partition" in stderr.lower()
+                else SubmissionRejectedError
             )
             raise error(msg, stderr=stderr, returncode=result.returncode)
         lines = [line for line in result.stdout.splitlines() if line.strip()]
@@ -250,6 +304,7 @@ def submit(
         script_path=path,
         removed=prepared.removed,
         warnings=stderr,
+        dropped_defaults=prepared.dropped_defaults,
     )
 
 
@@ -258,6 +313,7 @@ def _settle_by_token(token: str, name: str, env: Mapping[str, str]) -> str:
 
     Returns "" when SLURM holds no such job.
     """
+    env = query_environment(env)
     try:
         squeue = _which("squeue", env)
         scancel = _which("scancel", env)
@@ -284,7 +340,9 @@ def _settle_by_token(token: str, name: str, env: Mapping[str, str]) -> str:
 
 
 def _query_env(env: Mapping[str, str] | None) -> Mapping[str, str]:
-    return scrub_environment(os.environ if env is None else env).env
+    query_env = query_environment(os.environ if env is None else env)
+    check_slurm_conf(query_env)
+    return query_env
 
 
 def _wait_status(raw: str) -> str | None:
@@ -362,9 +420,14 @@ def job_status(
 ) -> JobStatus:
     """The job's current state: from squeue while the controller holds it, then from sacct.
 
+    The queries run without the caller's SQUEUE_*/SACCT_* settings (see
+    :data:`QUERY_PREFIXES`), which would otherwise filter the job out.
+
     Raises:
-        SlurmQueryError: neither squeue nor sacct knows the job, or a query failed.
+        UnknownJobError: neither squeue nor sacct knows the job.
+        SlurmQueryError: a query failed.
         SlurmNotFoundError: squeue or sacct is not on PATH.
+        SlurmConfigError: SLURM_CONF names a file that cannot be read.
     """
     job_id = str(job_id)
     query_env = _query_env(env)
@@ -377,7 +440,7 @@ def job_status(
         raise SlurmQueryError(msg) from e
     if status is None:
         msg = f"job {job_id} is unknown to squeue and sacct"
-        raise SlurmQueryError(msg)
+        raise UnknownJobError(msg)
     return status
 
 
@@ -453,10 +516,13 @@ def cancel(
 ) -> JobStatus:
     """Ask SLURM to cancel the job; returns its status as seen just before.
 
-    A job that has already ended is left alone. Use :func:`wait` to see its final state.
+    A job that has already ended is left alone. Use :func:`wait` to see its final state. scancel
+    runs without the caller's SCANCEL_* settings (a SCANCEL_NAME or SCANCEL_PARTITION the job
+    does not match would make it cancel nothing and still exit 0).
 
     Raises:
-        SlurmQueryError: the job is unknown, or scancel reported an error.
+        UnknownJobError: the job is unknown.
+        SlurmQueryError: scancel reported an error.
     """
     job_id = str(job_id)
     status = job_status(job_id, env=env, timeout=timeout)
