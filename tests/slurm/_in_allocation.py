@@ -2,7 +2,7 @@
 
 Once through pd-launch (scrubbed environment), once with plain ``sbatch`` and this process's
 environment, which carries the allocation's SLURM_* variables. Usage:
-``python _in_allocation.py mem|ntasks|step OUTDIR TAG``.
+``python _in_allocation.py mem|ntasks|gpu|step OUTDIR TAG``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from pd_launch import JobSpec, SlurmStepError, render_script, slurm_process, submit, wait
 
 ALLOCATION_VARS = ("SLURM_JOB_ID", "SLURM_MEM_PER_CPU", "SLURM_NTASKS", "SLURM_NPROCS")
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "TMPDIR")
 
 
 def _read(path: Path) -> str:
@@ -68,6 +69,16 @@ def main() -> None:
             name=f"pdt-nt-{tag}", command=echo, tasks_per_node=None, time="2",
             extra_directives=("--mincpus=2",), output=str(out / f"pdt-nt-{tag}-%j.out"),
         )  # fmt: skip
+        report.update(_both_ways(job, out))
+    elif mode == "gpu":
+        # The caller's GPU-visibility variables and TMPDIR (set by test_leaks.py as an
+        # allocation with GPUs would set them); the job has no GPUs of its own.
+        show = " ".join(f"{name}=${{{name}-unset}}" for name in GPU_VARS)
+        job = JobSpec(
+            name=f"pdt-gpu-{tag}", command=["bash", "-c", f'echo "{show}"'], time="2",
+            output=str(out / f"pdt-gpu-{tag}-%j.out"),
+        )  # fmt: skip
+        report["allocation"].update({k: os.environ.get(k) for k in GPU_VARS})  # type: ignore[attr-defined]
         report.update(_both_ways(job, out))
     elif mode == "step":
         # An salloc shell inherits SLURM_PROCID-like variables but is no step.

@@ -53,7 +53,15 @@ def test_cancel_then_wait_reports_cancelled(tmp_path: Path) -> None:
 
 
 def test_rejection_exit_code_and_message() -> None:
+    # A rejection by sbatch exits 3; bad input that pd-launch refuses itself exits 2.
     rejected = _cli("submit", "--name", _name(), "--partition", "nosuch", "--", "true")
-    assert rejected.returncode == 2
+    assert rejected.returncode == 3
     assert "invalid partition specified: nosuch" in rejected.stderr
     assert rejected.stdout == ""
+    too_long = _cli("submit", "--name", _name(), "--partition", "short", "--time", "5",
+                    "--", "true")  # fmt: skip
+    assert too_long.returncode == 3
+    assert "Requested time limit is invalid" in too_long.stderr
+    bad = _cli("submit", "--name", _name(), "--time", "5h", "--", "true")
+    assert bad.returncode == 2
+    assert "time='5h' is not a SLURM time limit" in bad.stderr

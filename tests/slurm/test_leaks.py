@@ -8,6 +8,7 @@ path really fails, so the pd-launch result means something).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -19,14 +20,16 @@ from pd_launch import scrub_environment
 HELPER = Path(__file__).with_name("_in_allocation.py")
 
 
-def _in_salloc(salloc_args: list[str], mode: str, out: Path) -> dict[str, Any]:
+def _in_salloc(
+    salloc_args: list[str], mode: str, out: Path, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     result = subprocess.run(
         ["salloc", "--immediate=30", "--time=3", "--job-name=pdt-salloc", *salloc_args,
          sys.executable, str(HELPER), mode, str(out), uuid.uuid4().hex[:8]],
         capture_output=True,
         text=True,
         # salloc itself starts from a clean environment, whatever runs this test.
-        env=dict(scrub_environment(dict(__import__("os").environ)).env),
+        env={**scrub_environment(dict(os.environ)).env, **(extra_env or {})},
         timeout=180,
         check=False,
     )  # fmt: skip
@@ -65,3 +68,34 @@ def test_salloc_shell_is_not_a_step(tmp_path: Path) -> None:
     assert report["allocation"]["SLURM_NTASKS"] == "2"
     assert report["step_error"] is not None
     assert "SLURM_STEP_ID is not set" in report["step_error"]
+
+
+def test_gpu_visibility_and_tmpdir_of_the_allocation_stay_behind(tmp_path: Path) -> None:
+    # What an allocation with GPUs and a per-job scratch directory hands its processes.
+    caller_tmp = tmp_path / "slurm-caller-tmp"
+    caller_tmp.mkdir()
+    given = {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "ROCR_VISIBLE_DEVICES": "0,1",
+        "HIP_VISIBLE_DEVICES": "0,1",
+        "TMPDIR": str(caller_tmp),
+    }
+    report = _in_salloc(["--ntasks=1"], "gpu", tmp_path, extra_env=given)
+    assert report["allocation"]["SLURM_JOB_ID"] and report["allocation"]["TMPDIR"] == str(
+        caller_tmp
+    )
+
+    # pd-launch: the new job has no GPU of its own, so none is visible; slurmstepd gives it
+    # its own TMPDIR (/tmp, the default when none is set).
+    assert report["scrubbed"]["state"] == "COMPLETED"
+    assert report["scrubbed"]["output"] == (
+        "CUDA_VISIBLE_DEVICES=unset ROCR_VISIBLE_DEVICES=unset HIP_VISIBLE_DEVICES=unset "
+        "TMPDIR=/tmp\n"
+    )
+    assert set(given) <= set(report["scrubbed"]["removed"])
+
+    # Plain sbatch from the same shell: the caller's devices and scratch dir reach the job.
+    assert report["caller"]["output"] == (
+        "CUDA_VISIBLE_DEVICES=0,1 ROCR_VISIBLE_DEVICES=0,1 HIP_VISIBLE_DEVICES=0,1 "
+        f"TMPDIR={caller_tmp}\n"
+    )
