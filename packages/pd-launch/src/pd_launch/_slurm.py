@@ -223,9 +223,14 @@ def submit(
     """Submit ``job`` with ``sbatch --parsable`` from a scrubbed copy of ``env``.
 
     The caller's SLURM_*, SBATCH_*, SRUN_*, SALLOC_*, PMI_*, PMIX_* and other launchers' rank
-    variables are removed (see :func:`scrub_environment`; SLURM_CONF and the job's own ``env``
-    stay), so a submission from inside an allocation behaves like one
-    from a login shell.
+    variables are removed, and inside a SLURM job also its GPU-visibility variables and TMPDIR
+    (see :func:`scrub_environment`; SLURM_CONF and the job's own ``env`` stay), so a submission
+    from inside an allocation behaves like one from a login shell.
+
+    Warns:
+        DroppedDefaultsWarning: before sbatch runs, when the caller's SBATCH_* defaults
+            (SBATCH_ACCOUNT, SBATCH_QOS, ...) that the job does not set itself were dropped;
+            one line, saying how to keep each through the job's fields.
 
     Args:
         job: the job description.
