@@ -117,6 +117,10 @@ def prepare(
             attempt(lambda: resolve_l0_groups(config.pd.l0_groups, decomposition.sites))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(model, checkpoint))
+    if for_run and model is not None and checkpoint is not None:
+        from pd_train.models._preflight import check_target_checkpoint
+
+        attempt(lambda: check_target_checkpoint(checkpoint, strict=config.target.strict))
     problems.extend(_cadence_problems(config))
     if model is not None and config.data.seq_len > model.max_position_embeddings:
         msg = (
@@ -197,7 +201,9 @@ def load_target(prepared: Prepared, *, shardings: Any, dtype: Any) -> Any:
         from pd_train.models.hf import load_llama_checkpoint
 
         if is_gguf(prepared.checkpoint):
-            _, target = load_gguf_checkpoint(prepared.checkpoint, shardings=shardings, dtype=dtype)
+            _, target = load_gguf_checkpoint(
+                prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
+            )
         else:
             _, target = load_llama_checkpoint(
                 prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
