@@ -127,6 +127,25 @@ def test_seq_len_longer_than_the_target_allows(
     )
 
 
+def test_token_ids_at_or_above_the_vocabulary_are_refused_at_validation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny target's vocab is 64: a token 64 at the end of the file (never in the first
+    batch) is refused before anything runs, naming the file and the id."""
+    config = _config(tmp_path)
+    tokens = np.random.default_rng(1).integers(0, 64, size=20_000, dtype=np.uint16)
+    tokens[-1] = 64
+    np.save(tmp_path / "big.npy", tokens)
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--set", f"data.path={tmp_path / 'big.npy'}"],
+        f"data.path: {tmp_path / 'big.npy'} holds token ids up to 64",
+        "at position 19999",
+        "vocab_size is 64",
+    )
+
+
 def test_pd_train_config_validates_what_it_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
