@@ -176,11 +176,15 @@ def test_vocab_check_names_file_and_token(tmp_path):
     with pytest.raises(DataError) as e:
         TokenDataset(root, seq_len=SEQ, vocab_size=120)
     message = str(e.value)
-    assert "shard_001.npy holds token ids up to 131 (the first bad one, 120, at position 4)" in message
+    assert (
+        "shard_001.npy holds token ids up to 131 (the first bad one, 120, at position 4)" in message
+    )
     assert "vocab_size is 120, so ids must be in [0, 120)" in message
     negative = tmp_path / "neg.npy"
     np.save(negative, np.array([3, 1, -2, 5] * 4, dtype=np.int32))
-    with pytest.raises(DataError, match=r"token ids down to -2 \(the first bad one, -2, at position 2\)"):
+    with pytest.raises(
+        DataError, match=r"token ids down to -2 \(the first bad one, -2, at position 2\)"
+    ):
         TokenDataset(negative, seq_len=SEQ, vocab_size=120)
 
 

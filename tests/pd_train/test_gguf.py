@@ -284,7 +284,9 @@ def test_blocks_past_block_count_are_refused_unless_strict_is_off(tmp_path: Path
     )
     # strict=False skips only whole blocks past block_count: an unknown tensor is still refused.
     odd = write_gguf(tmp_path / "odd.gguf", weights, extra={"mystery.weight": weights["norm"]})
-    with pytest.raises(CheckpointError, match=r"1 tensor\(s\) its metadata does not account .*'mystery\.weight'"):
+    with pytest.raises(
+        CheckpointError, match=r"1 tensor\(s\) its metadata does not account .*'mystery\.weight'"
+    ):
         load_gguf_checkpoint(odd, strict=False)
 
 
@@ -569,6 +571,19 @@ def test_tokenize_errors_come_before_any_progress_bar(
     argv = ["tokenize", str(good), "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
     assert pd_train(argv) == 0
     assert "tokenize: 100%|" in capsys.readouterr().err
+
+
+def test_tokenize_out_that_cannot_be_written_is_refused_before_tokenizing(
+    tokenizer_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "a.txt"
+    text.write_text("hello")
+    out = Path("/proc/pd-output-check/t.npy")  # /proc takes no new entries, even from root
+    argv = ["tokenize", str(text), "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
+    assert pd_train(argv) == 2
+    err = capsys.readouterr().err
+    assert "--out: cannot create '/proc/pd-output-check': '/proc' is not writable" in err, err
+    assert "tokenize:" not in err and "Traceback" not in err, err
 
 
 def test_tokenize_errors_name_the_argument(

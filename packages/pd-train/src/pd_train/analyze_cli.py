@@ -103,6 +103,37 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _analysis_out_problem(run_dir: Path, out: Path | None) -> str | None:
+    """Why the table cannot be written where it would go (``--out``, else the run dir's
+    ``analysis/``), or None; a run dir that is not one is left to the analysis to refuse."""
+    from pd_train._output_paths import directory_problem, file_problem
+
+    if out is not None:
+        problem = file_problem(out)
+        return None if problem is None else f"--out: {problem}"
+    if not run_dir.is_dir():
+        return None
+    problem = directory_problem(run_dir / "analysis")
+    if problem is None:
+        return None
+    return f"the table goes to {run_dir / 'analysis'} by default, but {problem}; give --out FILE"
+
+
+def _report_out_problem(run_dir: Path, out: Path | None) -> str | None:
+    """As :func:`_analysis_out_problem`, for the page (``--out``, else RUN_DIR/report.html)."""
+    from pd_train._output_paths import file_problem
+
+    if out is not None:
+        problem = file_problem(out)
+        return None if problem is None else f"--out: {problem}"
+    if not run_dir.is_dir():
+        return None
+    problem = file_problem(run_dir / "report.html")
+    if problem is None:
+        return None
+    return f"the page goes to {run_dir / 'report.html'} by default, but {problem}; give --out FILE"
+
+
 def analyze(args: argparse.Namespace) -> int:
     from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
     from pd_train.distributed import DistributedError, placement_from_flags
@@ -111,6 +142,9 @@ def analyze(args: argparse.Namespace) -> int:
         placement = placement_from_flags(args)
     except DistributedError as exc:
         return _fail(str(exc))
+    problem = _analysis_out_problem(args.run_dir, args.out)
+    if problem is not None:
+        return _fail(problem)
     try:
         table = analyze_run(
             args.run_dir,
@@ -179,6 +213,9 @@ def track(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from pd_train.analysis.report import ReportError, write_report
 
+    problem = _report_out_problem(args.run_dir, args.out)
+    if problem is not None:
+        return _fail(problem)
     try:
         out = write_report(args.run_dir, analysis=args.analysis, out=args.out)
     except ReportError as exc:

@@ -349,6 +349,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from pd_train._output_paths import file_problem
     from pd_train.compile import compile_all, format_compile_table
 
     if args.config is not None and is_toy_config(args.config):  # builtin:tms_5_2
@@ -358,6 +359,8 @@ def _compile(args: argparse.Namespace) -> int:
             return _fail("--record is not supported for a toy config")
         print(format_compile_table(toy_cli.compile_toy(args.config, args.overrides)))
         return 0
+    if args.record is not None and (problem := file_problem(args.record)) is not None:
+        return _fail(f"--record: {problem}")
     rows = compile_all(
         config_source(args.config), args.overrides, record=args.record, progress=sys.stderr
     )
@@ -370,6 +373,12 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     if args.check and args.out is not None:
         return _fail("--check writes nothing; leave --out out")
+    if args.out is not None:
+        from pd_train._output_paths import file_problem
+
+        problem = file_problem(args.out)
+        if problem is not None:  # refused before the pretraining, not after it
+            return _fail(f"--out: {problem}")
     text, same = toy_cli.pretrain_toy_cli(args.config, out=args.out, check=args.check)
     print(text)
     return 1 if args.check and not same else 0

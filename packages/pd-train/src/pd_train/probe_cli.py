@@ -664,6 +664,11 @@ def probe(args: argparse.Namespace) -> int:
     if out is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(config.output_dir) / "probes" / f"{config.run_name}-{args.mode}-{stamp}"
+    from pd_train._output_paths import directory_problem
+
+    problem = directory_problem(out)
+    if problem is not None:
+        return _fail(f"--out: {problem}" if args.out is not None else f"output_dir: {problem}")
     tasks = 1
     if isinstance(launcher, SlurmLauncher):
         tasks = launcher.job.nodes * (launcher.job.tasks_per_node or 1)

@@ -160,24 +160,11 @@ def prepare(
 
 
 def directory_problem(path: Path, *, base: Path) -> str | None:
-    """Why the directory ``path`` (relative to ``base``) cannot be used or created, or None.
-    Nothing is created: an existing path must be a writable directory; otherwise its nearest
-    existing ancestor must be."""
-    path = path if path.is_absolute() else base / path
-    if path.exists():
-        if not path.is_dir():
-            return f"{str(path)!r} is a file, not a directory"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"{str(path)!r} is not writable"
-        return None
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"cannot create {str(path)!r}: {str(ancestor)!r} is a file, not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {str(path)!r}: {str(ancestor)!r} is not writable"
-    return None
+    """Why the directory ``path`` (relative to ``base``) cannot be used or created, or None
+    (:func:`pd_train._output_paths.directory_problem`: asked of the filesystem, nothing made)."""
+    from pd_train._output_paths import directory_problem as problem
+
+    return problem(path, base=base)
 
 
 def _check_ci_function(config: Config, decomposition: Any) -> None:

@@ -474,7 +474,9 @@ def _check_accounted_for(
     }
     if not strict:
         unexpected = [
-            n for n in unexpected if not ((m := _BLOCK_TENSOR.fullmatch(n)) and int(m.group(1)) in deeper)
+            n
+            for n in unexpected
+            if not ((m := _BLOCK_TENSOR.fullmatch(n)) and int(m.group(1)) in deeper)
         ]
     if not unexpected:
         if deeper:
