@@ -146,6 +146,22 @@ def test_token_ids_at_or_above_the_vocabulary_are_refused_at_validation(
     )
 
 
+@pytest.mark.parametrize("ci_type", ["mlp", "vector_mlp", "shared_mlp"])
+def test_ci_hidden_dims_must_name_at_least_one_layer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ci_type: str
+) -> None:
+    """`hidden_dims: []` was printed as valid by `pd-train config`, then an IndexError."""
+    config = _config(tmp_path)
+    sets = ["--set", f"pd.ci.type={ci_type}", "--set", "pd.ci.hidden_dims=[]"]
+    for command in ("config", "run"):
+        _refused(
+            tmp_path,
+            capsys,
+            [command, str(config), *sets],
+            "pd.ci.hidden_dims: got []; must be a non-empty list of positive ints",
+        )
+
+
 def test_pd_train_config_validates_what_it_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
