@@ -162,6 +162,21 @@ def test_ci_hidden_dims_must_name_at_least_one_layer(
         )
 
 
+@pytest.mark.parametrize("command", ["run", "compile", "analyze", "probe"])
+def test_simulate_devices_must_be_at_least_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """0 used to mean "no simulation" (`pd-train run`) without a word."""
+    config = _config(tmp_path)
+    target = str(tmp_path) if command == "analyze" else str(config)
+    before = _snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, target, "--simulate-devices", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --simulate-devices: got 0; must be >= 1" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
+
+
 def test_pd_train_config_validates_what_it_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

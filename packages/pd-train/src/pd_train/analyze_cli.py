@@ -48,7 +48,11 @@ def add_parsers(subparsers: Any) -> None:
         metavar="FILE",
         help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
     )
-    p.add_argument("--simulate-devices", type=int, metavar="N", help="N simulated CPU devices")
+    from pd_train.cli import positive_int
+
+    p.add_argument(
+        "--simulate-devices", type=positive_int, metavar="N", help="N >= 1 simulated CPU devices"
+    )
     p.add_argument(
         "--distributed",
         choices=("none", "slurm", "explicit"),
@@ -221,4 +225,27 @@ def report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         return _fail(str(exc))
     print(f"wrote {out}")
+    empty = _empty_run_warning(args.run_dir)
+    if empty is not None:
+        print(f"pd-train: warning: {empty}", file=sys.stderr)
     return 0
+
+
+def _empty_run_warning(run_dir: Path) -> str | None:
+    """What to say when the run dir has nothing to show but its config (no metric records,
+    no summary, no checkpoint): the page is written, but the user likely named the wrong dir
+    or a run that never reached its first step."""
+    from pd_train.run import METRICS_FILE
+
+    metrics = run_dir / METRICS_FILE
+    has_records = metrics.is_file() and metrics.stat().st_size > 0
+    has_checkpoint = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    if has_records or has_checkpoint or (run_dir / "summary.txt").is_file():
+        return None
+    from pd_train.cli import restart_hint
+
+    return (
+        f"{run_dir} holds no metrics, summary or checkpoint yet, so the page shows only its "
+        "config: the run has not logged a step (still compiling, or it stopped before step 0). "
+        f"Wait for its first step, or {restart_hint(run_dir)}; then run `pd-train report` again"
+    )
