@@ -632,6 +632,11 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 kept = run_dir / f"metrics-attempt-{stamp}-{n}.jsonl"
             os.replace(metrics_file, kept)
             log.warning("run dir %s: an earlier attempt's metrics moved to %s", run_dir, kept.name)
+        if resuming:  # another device count than the checkpoint's: not bit-exact; say so
+            from pd_train.outputs import resume_device_warning
+
+            if (note := resume_device_warning(run_dir, jax.device_count())) is not None:
+                log.warning(note)
         _keep_compile_record(run_dir)
     early: StepProgram | None = rt.extra.pop("step_program", None)
     if early is None:
