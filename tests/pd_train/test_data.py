@@ -170,11 +170,43 @@ def test_loader_errors(tmp_path):
 
 
 def test_vocab_check_names_file_and_token(tmp_path):
+    """Checked when the dataset is made (at validation), not when a window is read."""
     root = write_shards(tmp_path / "d", [16, 16], start=100)  # tokens 100..131
-    ds = TokenDataset(root, seq_len=SEQ, vocab_size=120)
-    ds.windows([0, 1])  # tokens 100..115 are fine
-    with pytest.raises(DataError, match=r"shard_001\.npy has token 123 at or above vocab_size 120"):
-        ds.windows([2])
+    TokenDataset(root, seq_len=SEQ, vocab_size=132)  # all below 132
+    with pytest.raises(DataError) as e:
+        TokenDataset(root, seq_len=SEQ, vocab_size=120)
+    message = str(e.value)
+    assert (
+        "shard_001.npy holds token ids up to 131 (the first bad one, 120, at position 4)" in message
+    )
+    assert "vocab_size is 120, so ids must be in [0, 120)" in message
+    negative = tmp_path / "neg.npy"
+    np.save(negative, np.array([3, 1, -2, 5] * 4, dtype=np.int32))
+    with pytest.raises(
+        DataError, match=r"token ids down to -2 \(the first bad one, -2, at position 2\)"
+    ):
+        TokenDataset(negative, seq_len=SEQ, vocab_size=120)
+
+
+def test_token_range_is_one_pass_per_file_until_the_file_changes(tmp_path):
+    """The range is remembered by the file's stat: a second dataset over the same file reads
+    nothing, while a rewritten file (new size, mtime or inode) is read again."""
+    from pd_train import data
+
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(40, dtype=np.uint16))
+    TokenDataset(path, seq_len=SEQ, vocab_size=64)
+    cached = {k: v for k, v in data._TOKEN_RANGES.items() if k[0] == str(path.resolve())}
+    assert list(cached.values()) == [(0, 39)]
+    # Same key, other remembered value: a second dataset trusts the cache (no second pass).
+    key = next(iter(cached))
+    data._TOKEN_RANGES[key] = (0, 99)
+    with pytest.raises(DataError, match="up to 99"):
+        TokenDataset(path, seq_len=SEQ, vocab_size=64)
+    data._TOKEN_RANGES[key] = (0, 39)
+    np.save(path, np.arange(41, dtype=np.uint16) + 30)  # rewritten: 30..70
+    with pytest.raises(DataError, match="up to 70"):
+        TokenDataset(path, seq_len=SEQ, vocab_size=64)
 
 
 def test_defaults_use_jax_process_layout(tmp_path):

@@ -18,7 +18,12 @@ from safetensors.numpy import save_file
 
 from pd_train._config_io import ConfigError
 from pd_train.cli import main as pd_train
-from pd_train.models.gguf import gguf_llama_config, is_gguf, load_gguf_checkpoint
+from pd_train.models.gguf import (
+    check_gguf_checkpoint,
+    gguf_llama_config,
+    is_gguf,
+    load_gguf_checkpoint,
+)
 from pd_train.models.hf import CheckpointError, llama_param_shapes, load_llama_checkpoint
 from pd_train.models.llama import forward, rope_inv_freq
 from pd_train.models.llama_config import LlamaConfig
@@ -259,6 +264,97 @@ def test_metadata_that_disagrees_with_a_tensor_is_named(tmp_path: Path) -> None:
         load_gguf_checkpoint(path)
 
 
+def test_blocks_past_block_count_are_refused_unless_strict_is_off(tmp_path: Path) -> None:
+    """A GGUF with a block its block_count does not count is refused, as the safetensors
+    loader refuses a layer past num_hidden_layers; strict=False skips whole extra blocks."""
+    weights = hf_weights(CONFIG)
+    extra = {f"blk.2.{name}.weight": weights[f"1.{key}"] for key, name in LAYER_NAMES.items()}
+    path = write_gguf(tmp_path / "deep.gguf", weights, extra=extra)
+    with pytest.raises(CheckpointError) as e:
+        load_gguf_checkpoint(path)
+    message = str(e.value)
+    assert str(path) in message and "'blk.2.attn_norm.weight'" in message
+    assert "past its metadata's block_count (2)" in message and "target.strict: false" in message
+    with pytest.raises(CheckpointError, match="block_count"):
+        check_gguf_checkpoint(path)
+    config, params = load_gguf_checkpoint(path, strict=False)
+    assert config.num_hidden_layers == 2
+    np.testing.assert_array_equal(
+        np.asarray(params["layers"]["down_proj"]), expected_params(weights)["layers"]["down_proj"]
+    )
+    # strict=False skips only whole blocks past block_count: an unknown tensor is still refused.
+    odd = write_gguf(tmp_path / "odd.gguf", weights, extra={"mystery.weight": weights["norm"]})
+    with pytest.raises(
+        CheckpointError, match=r"1 tensor\(s\) its metadata does not account .*'mystery\.weight'"
+    ):
+        load_gguf_checkpoint(odd, strict=False)
+
+
+def test_integer_weights_are_refused_by_name(tmp_path: Path) -> None:
+    weights = hf_weights(CONFIG)
+    i32 = gguf.GGMLQuantizationType.I32
+    raw = {"blk.0.ffn_gate.weight": ((weights["0.gate_proj"] * 100).astype(np.int32), i32)}
+    path = write_gguf(tmp_path / "i32.gguf", weights, raw=raw)
+    with pytest.raises(CheckpointError) as e:
+        check_gguf_checkpoint(path)
+    assert f"tensor 'blk.0.ffn_gate.weight' in {path} is stored as I32 (integers)" in str(e.value)
+
+
+def _gguf_run_config(tmp_path: Path, gguf_path: Path) -> Path:
+    """The tiny default decomposition, pointed at ``gguf_path`` and tokens below its vocab."""
+    import yaml
+
+    from pd_train._config_io import read_yaml
+    from pd_train.configs import builtin_config
+
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.random.default_rng(0).integers(0, CONFIG.vocab_size, 4096, np.uint16))
+    raw = read_yaml(builtin_config("default"))
+    raw["target"] = {"checkpoint": str(gguf_path)}
+    raw["data"] = {"path": str(tokens), "seq_len": 16}
+    raw["output_dir"] = str(tmp_path / "runs")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("missing", ["'blk.1.ffn_up.weight' (pd's up_proj) is missing from"]),
+        ("embedding", ["'token_embd.weight'", "has shape [30, 32]; the metadata implies [40, 32]"]),
+        ("i32", ["'blk.0.ffn_gate.weight'", "stored as I32 (integers)"]),
+        ("deep", ["'blk.2.attn_norm.weight'", "past its metadata's block_count (2)"]),
+    ],
+)
+def test_gguf_tensor_errors_stop_the_run_before_its_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, words: list[str]
+) -> None:
+    """Each is exit 2 at validation naming the file and the tensor; no run dir is made."""
+    weights = hf_weights(CONFIG)
+    kwargs: dict = {}
+    if case == "missing":
+        kwargs["drop"] = ("blk.1.ffn_up.weight",)
+    elif case == "embedding":
+        weights = {**weights, "embed_tokens": weights["embed_tokens"][:30]}
+    elif case == "i32":
+        i32 = gguf.GGMLQuantizationType.I32
+        kwargs["raw"] = {"blk.0.ffn_gate.weight": (weights["0.gate_proj"].astype(np.int32), i32)}
+    else:
+        kwargs["extra"] = {
+            f"blk.2.{name}.weight": weights[f"1.{key}"] for key, name in LAYER_NAMES.items()
+        }
+    path = write_gguf(tmp_path / f"{case}.gguf", weights, **kwargs)
+    config = _gguf_run_config(tmp_path, path)
+    assert pd_train(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "target.checkpoint:" in err and str(path) in err, err
+    for word in words:
+        assert word in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
 def llama_cpp_rope_factors(
     head_dim: int, theta: float, factor: float, low: float, high: float, old_context: int
 ) -> np.ndarray:
@@ -475,6 +571,19 @@ def test_tokenize_errors_come_before_any_progress_bar(
     argv = ["tokenize", str(good), "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
     assert pd_train(argv) == 0
     assert "tokenize: 100%|" in capsys.readouterr().err
+
+
+def test_tokenize_out_that_cannot_be_written_is_refused_before_tokenizing(
+    tokenizer_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "a.txt"
+    text.write_text("hello")
+    out = Path("/proc/pd-output-check/t.npy")  # /proc takes no new entries, even from root
+    argv = ["tokenize", str(text), "--checkpoint", str(tokenizer_gguf), "--out", str(out)]
+    assert pd_train(argv) == 2
+    err = capsys.readouterr().err
+    assert "--out: cannot create '/proc/pd-output-check': '/proc' is not writable" in err, err
+    assert "tokenize:" not in err and "Traceback" not in err, err
 
 
 def test_tokenize_errors_name_the_argument(

@@ -127,6 +127,112 @@ def test_seq_len_longer_than_the_target_allows(
     )
 
 
+def test_token_ids_at_or_above_the_vocabulary_are_refused_at_validation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny target's vocab is 64: a token 64 at the end of the file (never in the first
+    batch) is refused before anything runs, naming the file and the id."""
+    config = _config(tmp_path)
+    tokens = np.random.default_rng(1).integers(0, 64, size=20_000, dtype=np.uint16)
+    tokens[-1] = 64
+    np.save(tmp_path / "big.npy", tokens)
+    _refused(
+        tmp_path,
+        capsys,
+        ["run", str(config), "--set", f"data.path={tmp_path / 'big.npy'}"],
+        f"data.path: {tmp_path / 'big.npy'} holds token ids up to 64",
+        "at position 19999",
+        "vocab_size is 64",
+    )
+
+
+@pytest.mark.parametrize("ci_type", ["mlp", "vector_mlp", "shared_mlp"])
+def test_ci_hidden_dims_must_name_at_least_one_layer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ci_type: str
+) -> None:
+    """`hidden_dims: []` was printed as valid by `pd-train config`, then an IndexError."""
+    config = _config(tmp_path)
+    sets = ["--set", f"pd.ci.type={ci_type}", "--set", "pd.ci.hidden_dims=[]"]
+    for command in ("config", "run"):
+        _refused(
+            tmp_path,
+            capsys,
+            [command, str(config), *sets],
+            "pd.ci.hidden_dims: got []; must be a non-empty list of positive ints",
+        )
+
+
+@pytest.mark.parametrize("command", ["run", "compile", "analyze", "probe"])
+def test_simulate_devices_must_be_at_least_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """0 used to mean "no simulation" (`pd-train run`) without a word."""
+    config = _config(tmp_path)
+    target = str(tmp_path) if command == "analyze" else str(config)
+    before = _snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, target, "--simulate-devices", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --simulate-devices: got 0; must be >= 1" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
+
+
+def test_resume_of_a_toy_run_advises_a_command_that_is_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A toy run keeps no checkpoint: `--resume` of its dir used to advise `pd-train run
+    DIR/config.yaml --run-dir DIR`, which is then refused (toy runs are not resumed)."""
+    from pd_train.toy_cli import load_toy_config
+
+    # The toy run dir as the toy runner leaves it after an interrupted start (its config.yaml
+    # written by the same function; no checkpoint: toy runs keep none).
+    run_dir = tmp_path / "toy"
+    run_dir.mkdir()
+    raw = load_toy_config("builtin:tms_5_2", ["pd.steps=4", "pd.batch_size=16"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (run_dir / "metrics.jsonl").write_text("")
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir} is a toy run, and toy runs keep no checkpoint and are not resumed" in err
+    advised = f"pd-train run {run_dir / 'config.yaml'} --run-dir NEW_DIR"
+    assert advised in err, err
+    # The advice, followed, is accepted.
+    argv = advised.split()[1:]
+    argv[-1] = str(tmp_path / "again")
+    assert main([*argv, "--max-steps", "1"]) == 0
+    assert (tmp_path / "again" / "summary.txt").is_file()
+
+
+@pytest.mark.parametrize("case", ["missing", "extra_layer", "wrong_shape"])
+def test_safetensors_tensor_errors_stop_the_run_before_its_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """The loader's refusals (see test_hf_strict) now come at validation: exit 2 naming the
+    file and tensor, no run dir. Was: raised once the run dir was made and compiling began."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from pd_train.run_config import resolve_path
+
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(resolve_path("builtin:tiny_llama"), checkpoint)
+    tensors = load_file(checkpoint / "model.safetensors")
+    name = "model.layers.1.mlp.up_proj.weight"
+    if case == "missing":
+        del tensors[name]
+        words = [f"tensor {name!r} is missing from"]
+    elif case == "extra_layer":
+        tensors["model.layers.4.mlp.up_proj.weight"] = tensors[name]
+        words = ["model.layers.4.mlp.up_proj.weight", "target.strict: false"]
+    else:
+        tensors[name] = tensors[name][:, :-1].copy()
+        words = [f"tensor {name!r}", "config.json implies"]
+    save_file(tensors, checkpoint / "model.safetensors")
+    config = _config(tmp_path, target={"checkpoint": str(checkpoint)})
+    _refused(tmp_path, capsys, ["run", str(config)], "target.checkpoint:", str(checkpoint), *words)
+
+
 def test_pd_train_config_validates_what_it_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,8 @@ sorting, filtering, a component's contexts, and a screenshot."""
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -123,3 +125,57 @@ def test_report_bad_input_exits_2_and_writes_nothing(
     assert main(["report", str(tmp_path / "run"), "--analysis", str(tmp_path / "bad.parquet")]) == 2
     assert "cannot be read as Parquet" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["bad.parquet", "config.yaml", "run"]
+
+
+def _train_record(step: int) -> str:
+    return json.dumps(
+        {"step": step, "phase": "train", "time": 1.0 + step, "loss/total": 2.0 / (step + 1)}
+    )
+
+
+def test_report_skips_a_metrics_line_that_is_not_utf8_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged byte in metrics.jsonl used to crash `report` (UnicodeDecodeError): the line
+    is skipped with a warning naming the file, the line and the byte, and the page is made
+    from every other record."""
+    run_dir = _mk(tmp_path / "run")
+    (run_dir / "config.yaml").write_text("run_name: x\n")
+    lines = [
+        _train_record(0).encode(),
+        b'{"step": 1, "phase": "tr\xffin"}',
+        _train_record(2).encode(),
+    ]
+    (run_dir / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    logger = logging.getLogger("pd_train.outputs")  # pd's logger does not propagate to root
+    logger.addHandler(caplog.handler)
+    try:
+        assert main(["report", str(run_dir)]) == 0
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert (
+        f"{run_dir / 'metrics.jsonl'}:2: skipping a line that is not UTF-8 text (byte 0xff at column 25)"
+        in caplog.text
+    )
+    page = (run_dir / "report.html").read_text()
+    assert "No metrics recorded yet" not in page and 'alt="Training losses"' in page
+    assert "pd-train: warning" not in capsys.readouterr().err  # the run has records
+
+
+def test_report_of_a_run_dir_with_nothing_to_show_warns_and_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _mk(tmp_path / "run")
+    (run_dir / "config.yaml").write_text("run_name: x\n")
+    assert main(["report", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    assert f"wrote {run_dir / 'report.html'}" in captured.out
+    assert captured.err.startswith(
+        f"pd-train: warning: {run_dir} holds no metrics, summary or checkpoint yet"
+    )
+    assert f"`pd-train run {run_dir / 'config.yaml'} --run-dir {run_dir}`" in captured.err
+    # A toy run dir is never resumed: the advice is a new dir.
+    (run_dir / "config.yaml").write_text("toy: tms_5_2\n")
+    assert main(["report", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert f"`pd-train run {run_dir / 'config.yaml'} --run-dir NEW_DIR`" in err, err

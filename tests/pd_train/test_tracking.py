@@ -43,6 +43,26 @@ def test_tracking_config_errors_name_every_field() -> None:
     )
 
 
+def test_another_tracker_gets_a_message_about_it_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tracking: {mlflow: {}}` used to get a line about a missing wandb section beside it."""
+    with pytest.raises(ConfigError) as info:
+        parse_tracking({"mlflow": {}})
+    assert [p for p, _ in info.value.problems] == ["tracking.mlflow"]
+    assert "unknown tracker; pd-train mirrors metrics.jsonl into Weights & Biases only" in str(
+        info.value
+    )
+    from ._analysis_runs import CONFIG
+
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({**CONFIG, "tracking": {"mlflow": {"uri": "x"}}}))
+    assert main(["config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "tracking.mlflow: unknown tracker" in err and "wandb:" not in err.split("(")[0], err
+    assert "tracking.wandb" not in err, err
+
+
 def _last_values(run_dir: Path) -> dict[str, float]:
     steps, _ = history(read_metrics(run_dir))
     last: dict[str, float] = {}

@@ -48,7 +48,11 @@ def add_parsers(subparsers: Any) -> None:
         metavar="FILE",
         help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
     )
-    p.add_argument("--simulate-devices", type=int, metavar="N", help="N simulated CPU devices")
+    from pd_train.cli import positive_int
+
+    p.add_argument(
+        "--simulate-devices", type=positive_int, metavar="N", help="N >= 1 simulated CPU devices"
+    )
     p.add_argument(
         "--distributed",
         choices=("none", "slurm", "explicit"),
@@ -103,6 +107,37 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _analysis_out_problem(run_dir: Path, out: Path | None) -> str | None:
+    """Why the table cannot be written where it would go (``--out``, else the run dir's
+    ``analysis/``), or None; a run dir that is not one is left to the analysis to refuse."""
+    from pd_train._output_paths import directory_problem, file_problem
+
+    if out is not None:
+        problem = file_problem(out)
+        return None if problem is None else f"--out: {problem}"
+    if not run_dir.is_dir():
+        return None
+    problem = directory_problem(run_dir / "analysis")
+    if problem is None:
+        return None
+    return f"the table goes to {run_dir / 'analysis'} by default, but {problem}; give --out FILE"
+
+
+def _report_out_problem(run_dir: Path, out: Path | None) -> str | None:
+    """As :func:`_analysis_out_problem`, for the page (``--out``, else RUN_DIR/report.html)."""
+    from pd_train._output_paths import file_problem
+
+    if out is not None:
+        problem = file_problem(out)
+        return None if problem is None else f"--out: {problem}"
+    if not run_dir.is_dir():
+        return None
+    problem = file_problem(run_dir / "report.html")
+    if problem is None:
+        return None
+    return f"the page goes to {run_dir / 'report.html'} by default, but {problem}; give --out FILE"
+
+
 def analyze(args: argparse.Namespace) -> int:
     from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
     from pd_train.distributed import DistributedError, placement_from_flags
@@ -111,6 +146,9 @@ def analyze(args: argparse.Namespace) -> int:
         placement = placement_from_flags(args)
     except DistributedError as exc:
         return _fail(str(exc))
+    problem = _analysis_out_problem(args.run_dir, args.out)
+    if problem is not None:
+        return _fail(problem)
     try:
         table = analyze_run(
             args.run_dir,
@@ -179,9 +217,35 @@ def track(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from pd_train.analysis.report import ReportError, write_report
 
+    problem = _report_out_problem(args.run_dir, args.out)
+    if problem is not None:
+        return _fail(problem)
     try:
         out = write_report(args.run_dir, analysis=args.analysis, out=args.out)
     except ReportError as exc:
         return _fail(str(exc))
     print(f"wrote {out}")
+    empty = _empty_run_warning(args.run_dir)
+    if empty is not None:
+        print(f"pd-train: warning: {empty}", file=sys.stderr)
     return 0
+
+
+def _empty_run_warning(run_dir: Path) -> str | None:
+    """What to say when the run dir has nothing to show but its config (no metric records,
+    no summary, no checkpoint): the page is written, but the user likely named the wrong dir
+    or a run that never reached its first step."""
+    from pd_train.run import METRICS_FILE
+
+    metrics = run_dir / METRICS_FILE
+    has_records = metrics.is_file() and metrics.stat().st_size > 0
+    has_checkpoint = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    if has_records or has_checkpoint or (run_dir / "summary.txt").is_file():
+        return None
+    from pd_train.cli import restart_hint
+
+    return (
+        f"{run_dir} holds no metrics, summary or checkpoint yet, so the page shows only its "
+        "config: the run has not logged a step (still compiling, or it stopped before step 0). "
+        f"Wait for its first step, or {restart_hint(run_dir)}; then run `pd-train report` again"
+    )

@@ -44,7 +44,8 @@ def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False)
     add_override_argument(parser)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--max-steps``, ``--simulate-devices``)."""
     try:
         value = int(text)
     except ValueError:
@@ -57,9 +58,9 @@ def _positive_int(text: str) -> int:
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simulate-devices",
-        type=int,
+        type=positive_int,
         metavar="N",
-        help="run on N simulated CPU devices (sets XLA_FLAGS before JAX starts)",
+        help="run on N >= 1 simulated CPU devices (sets XLA_FLAGS before JAX starts)",
     )
 
 
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-steps",
-        type=_positive_int,
+        type=positive_int,
         help="stop after this many steps (>= 1; the schedule stays that of pd.steps)",
     )
     p.add_argument(
@@ -197,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if getattr(args, "simulate_devices", None):
+    if getattr(args, "simulate_devices", None) is not None:
         flag = f"--xla_force_host_platform_device_count={args.simulate_devices}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -266,6 +267,19 @@ def is_toy_config(value: str) -> bool:
     return toy_cli.is_toy_config(value)
 
 
+def restart_hint(run_dir: Path) -> str:
+    """How to (re)start the run in ``run_dir`` that has no checkpoint, as a command that is
+    then accepted: the same dir for a decomposition run (``--run-dir`` with the same config
+    starts at step 0); a new dir for a toy run, which keeps no checkpoint and is never resumed."""
+    config = run_dir / "config.yaml"
+    if is_toy_config(str(config)):
+        return (
+            f"{run_dir} is a toy run, and toy runs keep no checkpoint and are not resumed: run "
+            f"it again into a new dir with `pd-train run {config} --run-dir NEW_DIR`"
+        )
+    return f"start the run with `pd-train run {config} --run-dir {run_dir}`"
+
+
 def config_source(value: str) -> str | Path:
     from pd_train.configs import builtin_config
 
@@ -308,10 +322,7 @@ def _run(args: argparse.Namespace) -> int:
         if not Path(source).is_file():
             return _fail(f"--resume {resume}: no {runner.CONFIG_FILE} there; not a run dir")
         if not runner.checkpoint_steps(resume):
-            return _fail(
-                f"--resume {resume}: no checkpoint there yet; start the run with "
-                f"`pd-train run {source} --run-dir {resume}`"
-            )
+            return _fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
     else:
         if is_toy_config(args.config):  # builtin:tms_5_2: the toy runner, not run.py
             from pd_train import toy_cli
@@ -349,6 +360,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from pd_train._output_paths import file_problem
     from pd_train.compile import compile_all, format_compile_table
 
     if args.config is not None and is_toy_config(args.config):  # builtin:tms_5_2
@@ -358,6 +370,8 @@ def _compile(args: argparse.Namespace) -> int:
             return _fail("--record is not supported for a toy config")
         print(format_compile_table(toy_cli.compile_toy(args.config, args.overrides)))
         return 0
+    if args.record is not None and (problem := file_problem(args.record)) is not None:
+        return _fail(f"--record: {problem}")
     rows = compile_all(
         config_source(args.config), args.overrides, record=args.record, progress=sys.stderr
     )
@@ -370,6 +384,12 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     if args.check and args.out is not None:
         return _fail("--check writes nothing; leave --out out")
+    if args.out is not None:
+        from pd_train._output_paths import file_problem
+
+        problem = file_problem(args.out)
+        if problem is not None:  # refused before the pretraining, not after it
+            return _fail(f"--out: {problem}")
     text, same = toy_cli.pretrain_toy_cli(args.config, out=args.out, check=args.check)
     print(text)
     return 1 if args.check and not same else 0

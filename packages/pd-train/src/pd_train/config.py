@@ -51,8 +51,8 @@ __all__ = [
 def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:  # type: ignore[type-arg]
     from pd_train._config_io import FieldValueError
 
-    if not all(isinstance(v, int) and v > 0 for v in value):
-        msg = f"got {value!r}; must be a list of positive ints"
+    if not value or not all(isinstance(v, int) and v > 0 for v in value):
+        msg = f"got {list(value)!r}; must be a non-empty list of positive ints (the hidden widths)"
         raise FieldValueError(attribute.name, msg)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Batches", "DataError", "TokenDataset"]
+__all__ = ["Batches", "DataError", "TokenDataset", "token_range"]
 
 TOKEN_DTYPES = ("uint16", "uint32", "int32")
 SUFFIXES = (".npy", ".bin")
@@ -71,6 +71,38 @@ def _open_tokens(file: Path, dtype: str | None) -> np.ndarray:
     return np.memmap(file, dtype=dtype, mode="r")
 
 
+#: (path, size, mtime, inode, dtype) of a token file → its (smallest, largest) token id.
+_TOKEN_RANGES: dict[tuple[object, ...], tuple[int, int]] = {}
+
+
+def token_range(file: Path, tokens: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest token id of ``file`` (its memory map ``tokens``; ``(0, -1)``
+    when empty): one pass over the file, remembered per (path, size, mtime, inode) so another
+    dataset over the unchanged file (validation, then the run) does not read it again."""
+    stat = file.stat()
+    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino, tokens.dtype.str)
+    if key not in _TOKEN_RANGES:
+        step = 1 << 24  # 16 Mi tokens at a time: no full-size temporary
+        chunks = [tokens[start : start + step] for start in range(0, tokens.size, step)]
+        lows = [int(chunk.min()) for chunk in chunks]
+        highs = [int(chunk.max()) for chunk in chunks]
+        _TOKEN_RANGES[key] = (min(lows), max(highs)) if chunks else (0, -1)
+    return _TOKEN_RANGES[key]
+
+
+def _check_below_vocab(file: Path, tokens: np.ndarray, vocab_size: int) -> None:
+    low, high = token_range(file, tokens)
+    if low < 0 or high >= vocab_size:
+        bad = int(np.argmax((tokens < 0) | (tokens >= vocab_size)))  # the first one, by position
+        got = f"token ids down to {low}" if low < 0 else f"token ids up to {high}"
+        msg = (
+            f"data: {file} holds {got} (the first bad one, {int(tokens[bad])}, at position "
+            f"{bad}); the target's vocab_size is {vocab_size}, so ids must be in "
+            f"[0, {vocab_size}): were these tokens made with another model's tokenizer?"
+        )
+        raise DataError(msg)
+
+
 class TokenDataset:
     """Windows of ``seq_len`` tokens over one token file or a directory of token files.
 
@@ -79,7 +111,9 @@ class TokenDataset:
         by name) are the shards.
       seq_len: tokens per window.
       dtype: token dtype; required for ``.bin``, checked against ``.npy`` when given.
-      vocab_size: when given, every window read is checked to hold tokens below it.
+      vocab_size: when given, every file's largest token must be below it (checked here,
+        one pass per file, cached by the file's stat: see :func:`token_range`), and every
+        window read is checked again.
     """
 
     def __init__(
@@ -123,6 +157,9 @@ class TokenDataset:
                 msg = f"data: {file} holds {len(tokens)} tokens, fewer than one window (seq_len {seq_len})"
                 raise DataError(msg)
             counts.append(n)
+        if vocab_size is not None:
+            for file, tokens in zip(files, self._tokens, strict=True):
+                _check_below_vocab(file, tokens, vocab_size)
         # _starts[i] is the global index of file i's first window.
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_windows = int(self._starts[-1])

@@ -468,6 +468,8 @@ class SlurmLauncher:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``probe`` on the ``pd-train`` subparsers."""
+    from pd_train.cli import positive_int
+
     p = subparsers.add_parser(
         "probe",
         help="compile probes of a config: arms with isolated caches, a report",
@@ -502,9 +504,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="probe dir (new or empty; default under output_dir)")
     p.add_argument(
         "--simulate-devices",
-        type=int,
+        type=positive_int,
         metavar="N",
-        help="each arm runs on N simulated CPU devices",
+        help="each arm runs on N >= 1 simulated CPU devices",
     )
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-run time limit")
     p.add_argument("--max-steps", type=int, default=3, help="steps per arm in steps mode")
@@ -664,6 +666,11 @@ def probe(args: argparse.Namespace) -> int:
     if out is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(config.output_dir) / "probes" / f"{config.run_name}-{args.mode}-{stamp}"
+    from pd_train._output_paths import directory_problem
+
+    problem = directory_problem(out)
+    if problem is not None:
+        return _fail(f"--out: {problem}" if args.out is not None else f"output_dir: {problem}")
     tasks = 1
     if isinstance(launcher, SlurmLauncher):
         tasks = launcher.job.nodes * (launcher.job.tasks_per_node or 1)

@@ -117,6 +117,10 @@ def prepare(
             attempt(lambda: resolve_l0_groups(config.pd.l0_groups, decomposition.sites))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(model, checkpoint))
+    if for_run and model is not None and checkpoint is not None:
+        from pd_train.models._preflight import check_target_checkpoint
+
+        attempt(lambda: check_target_checkpoint(checkpoint, strict=config.target.strict))
     problems.extend(_cadence_problems(config))
     if model is not None and config.data.seq_len > model.max_position_embeddings:
         msg = (
@@ -156,24 +160,11 @@ def prepare(
 
 
 def directory_problem(path: Path, *, base: Path) -> str | None:
-    """Why the directory ``path`` (relative to ``base``) cannot be used or created, or None.
-    Nothing is created: an existing path must be a writable directory; otherwise its nearest
-    existing ancestor must be."""
-    path = path if path.is_absolute() else base / path
-    if path.exists():
-        if not path.is_dir():
-            return f"{str(path)!r} is a file, not a directory"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"{str(path)!r} is not writable"
-        return None
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"cannot create {str(path)!r}: {str(ancestor)!r} is a file, not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {str(path)!r}: {str(ancestor)!r} is not writable"
-    return None
+    """Why the directory ``path`` (relative to ``base``) cannot be used or created, or None
+    (:func:`pd_train._output_paths.directory_problem`: asked of the filesystem, nothing made)."""
+    from pd_train._output_paths import directory_problem as problem
+
+    return problem(path, base=base)
 
 
 def _check_ci_function(config: Config, decomposition: Any) -> None:
@@ -197,7 +188,9 @@ def load_target(prepared: Prepared, *, shardings: Any, dtype: Any) -> Any:
         from pd_train.models.hf import load_llama_checkpoint
 
         if is_gguf(prepared.checkpoint):
-            _, target = load_gguf_checkpoint(prepared.checkpoint, shardings=shardings, dtype=dtype)
+            _, target = load_gguf_checkpoint(
+                prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
+            )
         else:
             _, target = load_llama_checkpoint(
                 prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
@@ -639,6 +632,11 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
                 kept = run_dir / f"metrics-attempt-{stamp}-{n}.jsonl"
             os.replace(metrics_file, kept)
             log.warning("run dir %s: an earlier attempt's metrics moved to %s", run_dir, kept.name)
+        if resuming:  # another device count than the checkpoint's: not bit-exact; say so
+            from pd_train.outputs import resume_device_warning
+
+            if (note := resume_device_warning(run_dir, jax.device_count())) is not None:
+                log.warning(note)
         _keep_compile_record(run_dir)
     early: StepProgram | None = rt.extra.pop("step_program", None)
     if early is None:

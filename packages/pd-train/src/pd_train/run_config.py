@@ -37,10 +37,11 @@ class TargetConfig:
     probes, ``pd-train compile``).
     ``architecture`` is a preset name (``llama3_8b``), a mapping of Hugging Face LlamaConfig
     fields, or null to read the checkpoint's ``config.json``.
-    ``strict`` (default true): a checkpoint tensor that ``config.json`` does not account for
-    (a decoder layer past ``num_hidden_layers``, biases, an ``lm_head`` with tied embeddings)
-    is an error; false loads a prefix of a deeper checkpoint's layers on purpose (only whole
-    layers past ``num_hidden_layers`` are skipped; anything else is still an error).
+    ``strict`` (default true): a checkpoint tensor that ``config.json`` (a GGUF's metadata)
+    does not account for (a decoder layer past ``num_hidden_layers`` or ``block_count``, biases,
+    an ``lm_head`` with tied embeddings) is an error; false loads a prefix of a deeper
+    checkpoint's layers on purpose (only whole layers past ``num_hidden_layers`` are skipped;
+    anything else is still an error).
     """
 
     checkpoint: str | None = None

@@ -146,6 +146,11 @@ def tokenize_files(
     if out.is_dir():
         msg = f"--out: {str(out)!r} is a directory; expected a .npy file"
         raise TokenizerError(msg)
+    from pd_train._output_paths import file_problem
+
+    problem = file_problem(out)
+    if problem is not None:
+        raise TokenizerError(f"--out: {problem}")
     try:
         tokenizer = gguf_tokenizer(checkpoint)
     except CheckpointError as e:

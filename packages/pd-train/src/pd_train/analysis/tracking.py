@@ -56,7 +56,16 @@ def parse_tracking(raw: Any, *, where: str = "tracking") -> WandbConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError([(where, f"got {raw!r}; must be a mapping with a 'wandb' section")])
     unknown = sorted(set(raw) - {"wandb"})
-    problems += [(f"{where}.{k}", "unknown key; allowed: 'wandb'") for k in unknown]
+    problems += [
+        (
+            f"{where}.{k}",
+            "unknown tracker; pd-train mirrors metrics.jsonl into Weights & Biases only "
+            "(tracking: {wandb: {project: NAME}}); another tracker can read RUN_DIR/metrics.jsonl",
+        )
+        for k in unknown
+    ]
+    if unknown and "wandb" not in raw:
+        raise ConfigError(problems)  # no W&B section was meant: nothing to say about one
     section = raw.get("wandb")
     path = f"{where}.wandb"
     if not isinstance(section, Mapping):

@@ -24,6 +24,8 @@ error naming the metadata key or tensor.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._config_io import FieldValueError
-from pd_train.models.hf import CheckpointError, _normalize, llama_param_shapes
+from pd_train.models.hf import CheckpointError, _normalize, _ranges, llama_param_shapes
 from pd_train.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GGUF_SUFFIX",
+    "check_gguf_checkpoint",
     "gguf_llama_config",
     "gguf_metadata",
     "is_gguf",
@@ -49,9 +52,15 @@ __all__ = [
     "open_gguf",
 ]
 
+log = logging.getLogger(__name__)
+
 GGUF_SUFFIX = ".gguf"
 _ARCHITECTURES = ("llama",)
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# GGUF's integer tensor types: raw integers, not weights (gguf.quants passes them through as
+# integers, so they would load as whole numbers).
+_INTEGER_TYPES = ("I8", "I16", "I32", "I64")
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 
 Index = tuple[slice, ...]
 
@@ -307,6 +316,12 @@ def _check_readable(file: str, tensor: Any, want: tuple[int, ...]) -> None:
         raise CheckpointError(msg)
     gguf = _gguf_module()
     qtype = tensor.tensor_type
+    if qtype.name in _INTEGER_TYPES:
+        msg = (
+            f"checkpoint: tensor {tensor.name!r} in {file} is stored as {qtype.name} (integers); "
+            f"expected a float type {_FLOAT_TYPES} or a quantized one (Q4_0, Q8_0, K-quants, ...)"
+        )
+        raise CheckpointError(msg)
     try:
         row = np.asarray(tensor.data[:1] if len(shape) > 1 else tensor.data)
         gguf.quants.dequantize(row, qtype)
@@ -380,30 +395,28 @@ def _placements(shardings: Any, shapes: dict[str, Any]) -> dict[str, Any]:
     return dict(shardings)
 
 
-def load_gguf_checkpoint(
-    path: str | Path,
-    *,
-    shardings: Any = None,
-    dtype: Any = np.float32,
-    layers: int | None = None,
-) -> tuple[LlamaConfig, dict[str, Any]]:
-    """Load a Llama GGUF file straight into sharded jax arrays, dequantized to ``dtype``.
+def check_gguf_checkpoint(
+    path: str | Path, *, strict: bool = True, layers: int | None = None
+) -> LlamaConfig:
+    """Check a Llama GGUF file as :func:`load_gguf_checkpoint` does, reading only its header
+    (and one row per tensor, to try its quantization type): the metadata, every tensor's
+    presence, shape and type, and that no tensor is left unaccounted for. Returns the config
+    the load would return; raises :class:`CheckpointError` naming the file and the tensor."""
+    config, _ = _checked_plan(Path(path), strict=strict, layers=layers)
+    return config
 
-    Args:
-      path: the ``.gguf`` file.
-      shardings: as :func:`~pd_train.models.hf.load_llama_checkpoint`: a dict matching the
-        params, one ``Sharding`` for all, or None (first local device).
-      dtype: dtype of the arrays (float32 by default: quantized weights have no dtype of their
-        own; None means float32 too).
-      layers: load only the first ``layers`` decoder layers (the returned config says so).
 
-    Returns:
-      ``(config, params)``. Every tensor's presence, shape and quantization type is checked
-      before any data is read.
-    """
-    file = Path(path)
+def _checked_plan(
+    file: Path, *, strict: bool, layers: int | None
+) -> tuple[LlamaConfig, list[tuple[tuple[str, ...], list[_Tensor], bool]]]:
+    """The config and, per param (keys, its tensors, stacked), the tensors to read, every one
+    checked (see :func:`check_gguf_checkpoint`)."""
+    if not isinstance(strict, bool):
+        msg = f"strict: got {strict!r}; expected True or False"
+        raise CheckpointError(msg)
     reader = open_gguf(file)
-    config = gguf_llama_config(file)
+    described = gguf_llama_config(file)
+    config = described
     if layers is not None:
         if (
             isinstance(layers, bool)
@@ -415,14 +428,10 @@ def load_gguf_checkpoint(
         import attrs
 
         config = attrs.evolve(config, num_hidden_layers=layers)
-    np_dtype = np.dtype(np.float32 if dtype is None else dtype)
-    if not jnp.issubdtype(np_dtype, jnp.floating):
-        msg = f"dtype: got {np_dtype}; expected a floating dtype (float32, bfloat16, float16)"
-        raise CheckpointError(msg)
-    shapes = llama_param_shapes(config, np_dtype)
-    placements = _placements(shardings, shapes)
     tensors = _tensor_index(reader)
     where = str(file)
+    _check_accounted_for(where, tensors, described, strict=strict)
+    shapes = llama_param_shapes(config)
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
 
     def source(key: str, name: str, want: tuple[int, ...]) -> _Tensor:
@@ -433,7 +442,6 @@ def load_gguf_checkpoint(
         _check_readable(where, tensors[name], stored)
         return _Tensor(where, tensors[name], heads.get(key))
 
-    # Check every tensor before reading any data.
     plan: list[tuple[tuple[str, ...], list[_Tensor], bool]] = []
     for key, spec in shapes.items():
         if key == "layers":
@@ -445,6 +453,89 @@ def load_gguf_checkpoint(
             for i in range(config.num_hidden_layers)
         ]
         plan.append((("layers", key), srcs, True))
+    return config, plan
+
+
+def _check_accounted_for(
+    file: str, tensors: Mapping[str, Any], config: LlamaConfig, *, strict: bool
+) -> None:
+    """Refuse tensors that the metadata (``config``, as the file describes it) does not account
+    for, which a load would silently ignore (as the safetensors loader refuses them); with
+    ``strict=False`` only whole blocks past ``block_count`` are skipped, with a warning."""
+    expected = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+    expected |= {
+        name.format(i=i) for name in _LAYER.values() for i in range(config.num_hidden_layers)
+    }
+    unexpected = sorted(n for n in tensors if n not in expected)
+    deeper = {
+        int(m.group(1))
+        for n in unexpected
+        if (m := _BLOCK_TENSOR.fullmatch(n)) and int(m.group(1)) >= config.num_hidden_layers
+    }
+    if not strict:
+        unexpected = [
+            n
+            for n in unexpected
+            if not ((m := _BLOCK_TENSOR.fullmatch(n)) and int(m.group(1)) in deeper)
+        ]
+    if not unexpected:
+        if deeper:
+            log.warning(
+                "checkpoint %s: strict=False, skipping blocks %s past its block_count (%d)",
+                file,
+                _ranges(sorted(deeper)),
+                config.num_hidden_layers,
+            )
+        return
+    shown = [repr(n) for n in unexpected[:8]]
+    more = f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""
+    hint = ""
+    if strict and deeper:
+        hint = (
+            f"; the file has blocks {_ranges(sorted(deeper))} past its metadata's block_count "
+            f"({config.num_hidden_layers}); to load only the first {config.num_hidden_layers} "
+            "on purpose, set target.strict: false"
+        )
+    msg = (
+        f"checkpoint: {file} holds {len(unexpected)} tensor(s) its metadata does not account "
+        f"for, which pd would silently ignore: {', '.join(shown)}{more}{hint}"
+    )
+    raise CheckpointError(msg)
+
+
+def load_gguf_checkpoint(
+    path: str | Path,
+    *,
+    shardings: Any = None,
+    dtype: Any = np.float32,
+    layers: int | None = None,
+    strict: bool = True,
+) -> tuple[LlamaConfig, dict[str, Any]]:
+    """Load a Llama GGUF file straight into sharded jax arrays, dequantized to ``dtype``.
+
+    Args:
+      path: the ``.gguf`` file.
+      shardings: as :func:`~pd_train.models.hf.load_llama_checkpoint`: a dict matching the
+        params, one ``Sharding`` for all, or None (first local device).
+      dtype: dtype of the arrays (float32 by default: quantized weights have no dtype of their
+        own; None means float32 too).
+      layers: load only the first ``layers`` decoder layers (the returned config says so).
+      strict: True (default): every tensor in the file must be one its metadata accounts for
+        (a block past ``block_count`` or an unknown tensor is an error naming it); False
+        tolerates only whole blocks past ``block_count`` (a warning says which are skipped).
+
+    Returns:
+      ``(config, params)``. Every tensor's presence, shape and quantization type is checked
+      before any data is read (:func:`check_gguf_checkpoint` does these checks alone).
+    """
+    file = Path(path)
+    np_dtype = np.dtype(np.float32 if dtype is None else dtype)
+    if not jnp.issubdtype(np_dtype, jnp.floating):
+        msg = f"dtype: got {np_dtype}; expected a floating dtype (float32, bfloat16, float16)"
+        raise CheckpointError(msg)
+    config, plan = _checked_plan(file, strict=strict, layers=layers)
+    shapes = llama_param_shapes(config, np_dtype)
+    placements = _placements(shardings, shapes)
 
     params: dict[str, Any] = {"layers": {}}
     for keys, srcs, stacked in plan:

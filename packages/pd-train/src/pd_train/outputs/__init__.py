@@ -3,6 +3,7 @@
 No jax import: values from the step are converted with ``numpy.asarray``.
 """
 
+from pd_train.outputs._attempts import earlier_device_count, resume_device_warning
 from pd_train.outputs._metrics import (
     METRICS_FILE,
     MetricsError,
@@ -28,6 +29,7 @@ __all__ = [
     "MetricsLog",
     "PlotWorkers",
     "Progress",
+    "earlier_device_count",
     "format_metrics",
     "plot_ci_histograms",
     "plot_eval_curves",
@@ -35,6 +37,7 @@ __all__ = [
     "plot_loss_curves",
     "read_metrics",
     "render_summary",
+    "resume_device_warning",
     "to_json_value",
     "write_plots",
 ]

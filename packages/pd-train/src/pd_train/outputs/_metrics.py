@@ -166,12 +166,27 @@ class MetricsLog:
 def _parse_lines(path: Path) -> list[tuple[str, dict[str, Any] | None]]:
     """``(line, record or None if it does not parse)`` for every non-empty line.
 
-    A line that does not parse is what a killed run leaves (a cut-short last line); it is
-    skipped with a warning rather than failing the plots and summary of a long run.
+    A line that does not parse is what a killed run leaves (a cut-short last line) or a damaged
+    file holds (a byte that is not UTF-8: records are written as ASCII JSON); it is skipped with
+    a warning naming the file and line, rather than failing the plots, summary and report of a
+    long run over one line.
     """
     out: list[tuple[str, dict[str, Any] | None]] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
-        if not line.strip():
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            log.warning(
+                "%s:%d: skipping a line that is not UTF-8 text (byte 0x%02x at column %d): %.80r",
+                path,
+                lineno,
+                raw[exc.start],
+                exc.start + 1,
+                raw,
+            )
+            out.append((raw.decode("utf-8", errors="replace"), None))
             continue
         try:
             record = json.loads(line)
