@@ -124,7 +124,10 @@ def test_ci_histogram_panels_have_labelled_axes(tmp_path: Path, figures: list[Fi
     for fig in figures:
         for ax in fig.axes:
             if ax.get_visible():
-                assert ax.get_xlabel() == "CI (lower)" and ax.get_ylabel() == "positions"
+                assert ax.get_xlabel() == "CI (lower)"
+                assert ax.get_ylabel() == (
+                    "positions (log)" if ax.get_yscale() == "log" else "positions"
+                )
 
 
 def test_the_density_plot_wraps_its_kinds_into_rows(tmp_path: Path, figures: list[Figure]) -> None:

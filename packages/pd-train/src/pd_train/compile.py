@@ -196,7 +196,7 @@ def target_device() -> Device:
 
     device = jax.devices()[0]
     if device.platform == "gpu":
-        stats = {}
+        stats: dict[str, Any] = {}
         with contextlib.suppress(Exception):
             stats = device.memory_stats() or {}
         if stats.get("bytes_limit"):
@@ -330,9 +330,10 @@ def format_flops(lo: float, hi: float | None = None) -> str:
 
 def memory_report(rows: Sequence[CompileRow], device: Device) -> list[str]:
     """Per jit: what one device holds against ``device``'s memory, and whether it fits."""
-    devices = max((r.devices for r in rows), default=1)
+    n = max((r.devices for r in rows), default=1)
+    devices = f"{n} device{'s' if n != 1 else ''}"
     gib = device.memory_bytes / 2**30
-    lines = [f"Memory per device against an {device.name} ({gib:.0f} GiB) at {devices} devices:"]
+    lines = [f"Memory per device against an {device.name} ({gib:.0f} GiB) at {devices}:"]
     fits_all = True
     for r in rows:
         need = r.bytes_per_device
@@ -346,7 +347,7 @@ def memory_report(rows: Sequence[CompileRow], device: Device) -> list[str]:
             f"  {r.jit:<20} {_size(need):>10}  {share:5.1f} %  fits: {'yes' if fits else 'no'}"
         )
     verdict = "yes" if fits_all else "no"
-    lines.append(f"Fits an {device.name} at {devices} devices: {verdict}")
+    lines.append(f"Fits an {device.name} at {devices}: {verdict}")
     if device is REFERENCE_GPU:
         budget = JAX_DEFAULT_MEM_FRACTION * gib
         lines.append(

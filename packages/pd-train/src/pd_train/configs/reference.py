@@ -73,7 +73,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
-        comment = []
+        comment: list[str] = []
         row = node.lineno - 2
         while row >= 0 and lines[row].strip().startswith("#:"):
             comment.insert(0, lines[row].strip()[2:].strip())
@@ -162,14 +162,15 @@ def _yaml(value: Any) -> str:
 
 
 def _default(field: attrs.Attribute) -> str:  # type: ignore[type-arg]
-    default = field.default
+    default: Any = field.default
     if default is attrs.NOTHING:
         return "**required**"
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-        if default.takes_self:
+        factory: Any = default
+        if factory.takes_self:
             return "computed"
         try:
-            default = default.factory()
+            default = factory.factory()
         except Exception:
             return "computed"
         if attrs.has(type(default)):
@@ -216,8 +217,8 @@ class _Walk:
             inner = self.type_text(args[0], f"{path}[]") if args else "any"
             return f"list of {inner}"
         if origin is dict or tp is dict:
-            args = typing.get_args(tp)
-            value = self.type_text(args[1], f"{path}.*") if args else "any"
+            pair = typing.get_args(tp)
+            value = self.type_text(pair[1], f"{path}.*") if pair else "any"
             return f"mapping of string to {value}"
         if attrs.has(tp):
             return f"[{tp.__name__}](#{_anchor(self.title(tp, path))})"

@@ -389,12 +389,13 @@ def _ci_figure(
     for ax, site in zip(axes, chunk, strict=False):
         counts, edges = hists[site]
         ax.stairs(counts, edges, fill=True, color="C0")
-        if counts.max() > 0:
+        log_y = counts.max() > 0
+        if log_y:
             ax.set_yscale("log")
             ax.yaxis.set_minor_locator(NullLocator())
         ax.set_title(site, fontsize=8)
         ax.set_xlabel("CI (lower)", fontsize=7, labelpad=1)
-        ax.set_ylabel("positions", fontsize=7, labelpad=1)
+        ax.set_ylabel("positions (log)" if log_y else "positions", fontsize=7, labelpad=1)
         ax.tick_params(labelsize=7)
     for ax in axes[len(chunk) :]:
         ax.set_visible(False)
