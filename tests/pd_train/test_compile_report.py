@@ -82,6 +82,15 @@ def test_a_reported_peak_is_what_a_device_must_hold() -> None:
     assert "90.0 GiB" in out and "90.0 %" in out and "fits: yes" in out
 
 
+def test_a_peak_below_arguments_and_temporaries_does_not_hide_them() -> None:
+    """XLA:CPU's peak for the production step is its arguments alone (23.7 GiB); the device
+    holds its 34.7 GiB of temporaries too."""
+    memory = _memory(23.687, 23.452, 34.702, alias=23.452)
+    row = CompileRow("train_step", 1, 2, memory, cost=_cost(1, 1, int(23.687 * GIB)), devices=64)
+    out = format_compile_table([row], REFERENCE_GPU)
+    assert "58.4 GiB" in out and "73.0 %" in out and "fits: yes" in out
+
+
 def test_flops_per_device_and_on_all_devices_beside_the_useful_count() -> None:
     row = CompileRow(
         "train_step", 1.0, 2.0, None, cost=_cost(104.5e12, 224.2e12), useful=5.2e15, devices=64
