@@ -592,6 +592,8 @@ def test_the_production_config_dry_run_shows_its_gpu_job_and_what_is_missing(
     for directive in ("--nodes=8", "--gpus-per-node=8", "--time=2-00:00:00"):
         assert f"#SBATCH {directive}\n" in out, out
     assert "#SBATCH --signal=TERM@600\n#SBATCH --requeue\n" in out
+    # 58 GiB per device of the train step need more than JAX's default 75 % of 80 GB.
+    assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92\n" in out
     assert "# Not ready to submit: data.path is null" in out
     assert "--set data.path=/path/to/tokens" in out
     assert "# target.checkpoint is null: the job decomposes random weights" in out
