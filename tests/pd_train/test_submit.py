@@ -575,3 +575,93 @@ def test_wait_timeout_must_be_a_finite_number(
     assert info.value.code == 2
     assert "is not a finite number of seconds" in capsys.readouterr().err
     assert _everything_under(workdir) == ["tiny.yaml"]
+
+
+PRODUCTION = Path(__file__).resolve().parents[2] / "configs" / "llama8b-full32L.yaml"
+
+
+def test_the_production_config_dry_run_shows_its_gpu_job_and_what_is_missing(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shipped 8B config is ready to submit but for its data path: the dry run shows the
+    64-GPU job of its launch section and says how to name the tokens (issue 31, item 7)."""
+    code = cli.main(["submit", str(PRODUCTION), "--dry-run", "--run-dir", "r"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = captured.out
+    for directive in ("--nodes=8", "--gpus-per-node=8", "--time=2-00:00:00"):
+        assert f"#SBATCH {directive}\n" in out, out
+    assert "#SBATCH --signal=TERM@600\n#SBATCH --requeue\n" in out
+    # 58 GiB per device of the train step need more than JAX's default 75 % of 80 GB.
+    assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92\n" in out
+    assert "# Not ready to submit: data.path is null" in out
+    assert "--set data.path=/path/to/tokens" in out
+    assert "# target.checkpoint is null: the job decomposes random weights" in out
+    assert _everything_under(workdir) == ["tiny.yaml"]
+
+
+def test_the_production_config_takes_npy_tokens_of_any_token_dtype(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With data.path set, the dry run passes: the config no longer insists on one dtype for
+    .npy files (the shipped corpus is uint16), and the note about data.path is gone."""
+    code = cli.main(
+        [
+            "submit",
+            str(PRODUCTION),
+            "--dry-run",
+            "--run-dir",
+            "r",
+            *("--set", "data.path=builtin:tiny_corpus"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "#SBATCH --nodes=8\n" in captured.out
+    assert "data.path is null" not in captured.out
+
+
+def test_submitting_without_a_data_path_is_refused_naming_the_field(
+    workdir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sbatch = _fake_sbatch(tmp_path, monkeypatch, ACCEPT)
+    assert sbatch is not None
+    code = cli.main(["submit", "tiny.yaml", "--set", "data.path=null"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "data.path" in err
+    assert not sbatch.with_name("sbatch.args").exists()
+    assert _everything_under(workdir) == ["tiny.yaml"]
+
+
+def test_a_dry_run_still_refuses_other_errors_beside_an_unset_data_path(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(
+        ["submit", "tiny.yaml", "--dry-run", "--set", "data.path=null", "--set", "pd.steps=0"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pd.steps" in err
+
+
+def test_a_gpu_count_that_differs_from_the_mesh_is_an_error_naming_both(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(
+        [
+            "submit",
+            "tiny.yaml",
+            "--dry-run",
+            "--set",
+            "launch.gpus_per_node=4",
+            *("--set", "runtime.mesh.data=2"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "launch.gpus_per_node: asks for 4 GPUs (1 nodes × 4)" in err
+    assert "runtime.mesh is 1 × 2 × 1 = 2 devices" in err

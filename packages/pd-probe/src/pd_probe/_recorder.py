@@ -70,7 +70,23 @@ _MEMORY_FIELDS = (
 )
 MISS_TEST_EVENT = "compile_after_persistent_compilation_miss"
 _WRAPPED_NAME = re.compile(r"^(?:p?jit)\((.*)\)$|^(?:p?jit)_(.*)$")
-_ENV_PREFIXES = ("JAX_", "XLA_", "TF_", "NCCL_", "CUDA_", "PD_PROBE_")
+#: The environment a record keeps: what can change a compile or explain its time (XLA, JAX,
+#: CUDA, NCCL, TPU runtimes, XLA's logging through the TF_CPP_* names, the probe's own), never
+#: the rest of the caller's shell (a bare TF_ prefix is Terraform's too: TF_TOKEN_*, TF_VAR_*).
+_ENV_PREFIXES = ("JAX_", "XLA_", "NCCL_", "CUDA_", "TPU_", "LIBTPU_", "TF_CPP_", "PD_PROBE_")
+_ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
+#: Even under an allowed prefix, a name like these holds a credential: never recorded.
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
+
+
+def compile_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default ``os.environ``) that explain a compile, sorted."""
+    environ = dict(os.environ if environ is None else environ)
+    return {
+        name: value
+        for name, value in sorted(environ.items())
+        if (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES) and not _SECRET.search(name)
+    }
 
 
 def jit_name(fun_name: str) -> str:
@@ -425,7 +441,7 @@ class Recorder:
             "peak_rss_bytes": peak_rss_bytes(),
             "jax": {"version": jax.__version__, **backend},
             "cache_dir": jax.config.values.get("jax_compilation_cache_dir"),
-            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+            "env": compile_environment(),
             "jits": jits,
             "notes": dict(self._notes),
             "error": error,

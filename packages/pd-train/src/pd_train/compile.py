@@ -8,8 +8,11 @@ on a laptop CPU.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,26 @@ from pd_train.distributed import Placement
 MEMORY_FIELDS = (
     "argument_size_in_bytes",
     "output_size_in_bytes",
+    "alias_size_in_bytes",
     "temp_size_in_bytes",
     "generated_code_size_in_bytes",
 )
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device's memory to hold each jit's per-device memory against."""
+
+    name: str
+    memory_bytes: int
+
+
+#: The device ``pd-train compile`` compares memory with when it compiles for no GPU (CPU,
+#: simulated devices): an 80 GB part (A100 80GB, H100 SXM 80GB; NVIDIA's "80 GB" is 80 GiB).
+REFERENCE_GPU = Device("80 GB GPU", 80 * 2**30)
+#: JAX preallocates this share of a GPU's memory unless XLA_PYTHON_CLIENT_MEM_FRACTION says
+#: otherwise (JAX's GPU memory allocation docs).
+JAX_DEFAULT_MEM_FRACTION = 0.75
 
 
 @dataclass
@@ -38,6 +58,24 @@ class CompileRow:
     cost: Any = None
     useful: float | None = None
     devices: int = 1
+
+    @property
+    def bytes_per_device(self) -> int | None:
+        """What one device holds while the jit runs: arguments + outputs + temporaries, less
+        the outputs that reuse donated arguments, or XLA's peak where it reports more (on CPU
+        its peak leaves the temporaries out: the production step's 23.7 GiB beside 34.7 GiB of
+        temporaries)."""
+        peak = int(getattr(self.cost, "peak_bytes", None) or 0)
+        m = self.memory
+        if not m or "argument_size_in_bytes" not in m:
+            return peak or None
+        total = (
+            m["argument_size_in_bytes"]
+            + m.get("output_size_in_bytes", 0)
+            + m.get("temp_size_in_bytes", 0)
+            - m.get("alias_size_in_bytes", 0)
+        )
+        return max(total, peak)
 
 
 def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -129,6 +167,8 @@ def compile_all(
     runner.configure_cache(prepared.config)
     rows = []
     announce = CompileAnnouncer(progress) if progress is not None else None
+    mesh = rt.trainer.mesh
+    devices = int(mesh.devices.size) if mesh is not None else 1
     with Recorder(record, mode="compile", on_compile=announce) as recorder:
         jits = _jits(rt)
         for i, (name, lower) in enumerate(jits, 1):
@@ -139,13 +179,123 @@ def compile_all(
                 t0 = time.perf_counter()
                 lowered = lower()
                 t1 = time.perf_counter()
-                compiled = lowered.compile()
+                with xla_slow_compile_alarm_replaced(name):
+                    compiled = lowered.compile()
                 t2 = time.perf_counter()
             recorder.memory(name, compiled)
             cache = _cache_outcome(recorder.cache_outcomes(name))
-            rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled), cache))
-            flops.annotate(rows[-1], compiled, rt, prepared)
+            row = CompileRow(name, t1 - t0, t2 - t1, _memory(compiled), cache, devices=devices)
+            rows.append(row)
+            flops.annotate(row, compiled, rt, prepared)
     return rows
+
+
+def target_device() -> Device:
+    """The device the jits were compiled for when it is a GPU (its kind and the memory XLA may
+    use), else :data:`REFERENCE_GPU`."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        stats: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            stats = device.memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return Device(device.device_kind, int(stats["bytes_limit"]))
+    return REFERENCE_GPU
+
+
+# ---------------------------------------------------------------------------------------------
+# XLA's slow-compile alarm
+
+_ALARM_TEXT = "Very slow compile?"
+_ALARM_SOURCE = "slow_operation_alarm"
+
+
+def _is_separator(line: str) -> bool:
+    stripped = line.strip()
+    return len(stripped) >= 8 and set(stripped) == {"*"}
+
+
+class _AlarmFilter:
+    """Passes stderr's lines through, but for XLA's slow-compile alarm: its block (a log line
+    from slow_operation_alarm, a row of asterisks, "[...] Very slow compile? If you want to file
+    a bug ...", asterisks) becomes ``replacement``. Lines that may start a block wait until the
+    next line tells whether they do."""
+
+    def __init__(self, write: Callable[[bytes], None], replacement: str) -> None:
+        self._write = write
+        self._replacement = replacement
+        self._held: list[bytes] = []
+        self._in_alarm = False
+
+    def line(self, raw: bytes) -> None:
+        text = raw.decode(errors="replace")
+        if _is_separator(text) or (_ALARM_SOURCE in text and _ALARM_TEXT not in text):
+            if self._in_alarm and _is_separator(text):
+                self._in_alarm = False  # the block's closing row
+                return
+            self._held.append(raw)
+            return
+        if _ALARM_TEXT in text:
+            self._held.clear()
+            self._in_alarm = True
+            self._write(self._replacement.encode())
+            return
+        self._in_alarm = False
+        self.flush()
+        self._write(raw)
+
+    def flush(self) -> None:
+        for raw in self._held:
+            self._write(raw)
+        self._held.clear()
+
+
+@contextlib.contextmanager
+def xla_slow_compile_alarm_replaced(name: str) -> Iterator[None]:
+    """Within: XLA's "Very slow compile? If you want to file a bug ..." alarm (XLA logs it to
+    file descriptor 2 after two minutes of one compile, then at doubling intervals) is replaced
+    by one line of pd's own naming the jit; everything else written to stderr goes through as
+    written. A cold compile of a large config takes minutes: that is no bug to file."""
+    replacement = (
+        f"pd: {name} is still compiling (more than 2 min; a cold compile of a large config "
+        "takes minutes, the persistent compile cache makes the next one fast)\n"
+    )
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+
+    def write(data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            os.write(saved, data)
+
+    def forward() -> None:
+        alarm = _AlarmFilter(write, replacement)
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            pending = b""
+            while chunk := pipe.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    alarm.line(line + b"\n")
+            if pending:
+                alarm.line(pending)
+        alarm.flush()
+
+    reader = threading.Thread(target=forward, name="pd-stderr-filter", daemon=True)
+    reader.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)  # the pipe's last writer closes: the reader drains and ends
+        reader.join(timeout=5)
+        os.close(saved)
 
 
 def _cache_outcome(outcomes: Sequence[str]) -> str:
@@ -158,7 +308,82 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.3f}"
 
 
-def format_compile_table(rows: Sequence[CompileRow]) -> str:
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+_UNITS = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def format_flops(lo: float, hi: float | None = None) -> str:
+    """FLOPs in the unit that fits the larger value, three significant figures:
+    ``6.69-14.4 PFLOP``, ``312 TFLOP``."""
+    hi = lo if hi is None else hi
+    rounded = float(f"{hi:.3g}")  # 999.6e12 is 1 PFLOP, not 1e+03 TFLOP
+    scale, unit = next(((s, u) for s, u in _UNITS if rounded >= s), (1.0, ""))
+
+    def fmt(x: float) -> str:
+        return f"{x / scale:.3g}"
+
+    body = fmt(hi) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+    return f"{body} {unit}FLOP"
+
+
+def memory_report(rows: Sequence[CompileRow], device: Device) -> list[str]:
+    """Per jit: what one device holds against ``device``'s memory, and whether it fits."""
+    n = max((r.devices for r in rows), default=1)
+    devices = f"{n} device{'s' if n != 1 else ''}"
+    gib = device.memory_bytes / 2**30
+    lines = [f"Memory per device against an {device.name} ({gib:.0f} GiB) at {devices}:"]
+    fits_all = True
+    for r in rows:
+        need = r.bytes_per_device
+        if need is None:
+            lines.append(f"  {r.jit:<20} -")
+            continue
+        fits = need <= device.memory_bytes
+        fits_all &= fits
+        share = 100 * need / device.memory_bytes
+        lines.append(
+            f"  {r.jit:<20} {_size(need):>10}  {share:5.1f} %  fits: {'yes' if fits else 'no'}"
+        )
+    verdict = "yes" if fits_all else "no"
+    lines.append(f"Fits an {device.name} at {devices}: {verdict}")
+    if device is REFERENCE_GPU:
+        budget = JAX_DEFAULT_MEM_FRACTION * gib
+        lines.append(
+            f"(JAX takes {JAX_DEFAULT_MEM_FRACTION:.0%} of a GPU, {budget:.0f} GiB here, unless "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION sets more; more devices shard the state thinner)"
+        )
+    return lines
+
+
+def flops_report(rows: Sequence[CompileRow]) -> list[str]:
+    """Per jit the compiled matmul FLOPs (loops multiplied out, a range where conditionals
+    differ), per device and on all devices; the train step's useful FLOPs beside them."""
+    lines = ["Matmul FLOPs per call (loops multiplied out; a range where conditionals differ):"]
+    for r in rows:
+        c = r.cost
+        if c is None or not c.matmul_flops:
+            continue
+        n = r.devices
+        total = format_flops(c.matmul_flops_min * n, c.matmul_flops * n)
+        line = f"  {r.jit:<20} {format_flops(c.matmul_flops_min, c.matmul_flops)} per device"
+        line += f", {total} on {n}" if n > 1 else ""
+        if r.useful:
+            lo, hi = c.matmul_flops_min * n / r.useful, c.matmul_flops * n / r.useful
+            ratio = f"{hi:.2f}x" if abs(hi - lo) < 0.005 * hi else f"{lo:.2f}-{hi:.2f}x"
+            line += f"; useful {format_flops(r.useful)} (compiled/useful {ratio})"
+            if c.unknown_loops:
+                s = "" if c.unknown_loops == 1 else "s"
+                line += f" ({c.unknown_loops} loop{s} of unknown trip count)"
+        lines.append(line)
+    return lines if len(lines) > 1 else []
+
+
+def format_compile_table(rows: Sequence[CompileRow], device: Device | None = None) -> str:
+    """The table ``pd-train compile`` prints, then memory per device against ``device``
+    (default: :func:`target_device`) and the FLOPs of each jit."""
     header = (
         "| jit | lower s | compile s | cache | args GiB | out GiB | temp GiB |\n"
         "|---|---:|---:|---|---:|---:|---:|"
@@ -177,6 +402,8 @@ def format_compile_table(rows: Sequence[CompileRow]) -> str:
         f"\ntotal lower + compile: {total:.1f} s (per-device memory from XLA); "
         f"{hits} of {len(rows)} jits loaded from the compile cache"
     )
-    from pd_train.flops import efficiency_report
-
-    return "\n".join(lines) + "\n\n" + efficiency_report(rows)
+    lines += ["", *memory_report(rows, device or target_device())]
+    flops = flops_report(rows)
+    if flops:
+        lines += ["", *flops]
+    return "\n".join(lines)

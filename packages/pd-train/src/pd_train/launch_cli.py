@@ -195,6 +195,18 @@ def _launch_problems(config: Config) -> list[tuple[str, str]]:
     launch: LaunchConfig = config.launch
     processes = launch.nodes * launch.processes_per_node
     problems = []
+    mesh = config.runtime.mesh
+    gpus = launch.nodes * launch.gpus_per_node
+    if mesh.data is not None and gpus:
+        size = mesh.replicate * mesh.data * mesh.tensor
+        if size != gpus:
+            msg = (
+                f"asks for {gpus} GPUs ({launch.nodes} nodes × {launch.gpus_per_node}), but "
+                f"runtime.mesh is {mesh.replicate} × {mesh.data} × {mesh.tensor} = {size} "
+                "devices (replicate × data × tensor); make them equal, or set "
+                "runtime.mesh.data to null to take every device"
+            )
+            problems.append(("launch.gpus_per_node", msg))
     if config.pd.batch_size % processes:
         msg = (
             f"gives {processes} processes ({launch.nodes} nodes × {launch.processes_per_node}), "
@@ -327,6 +339,21 @@ def _dry_run_report(run_dir: Path, removed: tuple[str, ...], env: dict[str, str]
     return "\n".join(lines)
 
 
+def _unset_data_note(config: str) -> str:
+    return (
+        f"Not ready to submit: data.path is null in {config}, so the job would stop at its\n"
+        "first check. Name pre-tokenized tokens of the target's tokenizer (.npy files, .bin\n"
+        "files with data.dtype, or a directory of shards), e.g.\n"
+        f"  pd-train submit {config} --set data.path=/path/to/tokens"
+    )
+
+
+RANDOM_WEIGHTS_NOTE = (
+    "target.checkpoint is null: the job decomposes random weights of the architecture.\n"
+    "For the real model: --set target.checkpoint=/path/to/hf-model-dir"
+)
+
+
 def submit(args: argparse.Namespace) -> int:
     """``pd-train submit``: 0 submitted (and, with ``--wait``, COMPLETED), 2 bad input, 1 failure."""
     try:
@@ -344,13 +371,26 @@ def _submit(args: argparse.Namespace) -> int:
     from pd_train.run_config import to_yaml
 
     # 1. Everything that can be checked, before anything is written.
+    notes: list[str] = []
     try:
-        prepared = runner.prepare(config_source(args.config), args.overrides, for_run=True)
+        try:
+            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=True)
+        except ConfigError as exc:
+            # A dry run of a config that leaves data.path for the user to fill in (the
+            # production config does) still shows the job, and says what is missing.
+            if not (args.dry_run and {path for path, _ in exc.problems} == {"data.path"}):
+                raise
+            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=False)
+            if prepared.config.data.path is not None:
+                raise
+            notes.append(_unset_data_note(args.config))
         problems = _launch_problems(prepared.config)
         if problems:
             raise ConfigError(problems, source=args.config)
     except ConfigError as exc:
         raise SubmitError(str(exc), code=2) from None
+    if prepared.config.target.checkpoint is None:
+        notes.append(RANDOM_WEIGHTS_NOTE)
     config = prepared.config  # prepare() made its paths absolute
     cwd = Path.cwd()
     if args.run_dir is not None:
@@ -373,7 +413,11 @@ def _submit(args: argparse.Namespace) -> int:
         preview = pd_launch.prepare_submission(job)
         print(preview.script, end="")
         print(_dry_run_report(run_dir, preview.removed, dict(preview.env), job))
+        for note in notes:
+            print("\n".join(f"# {line}" for line in note.splitlines()))
         return 0
+    for note in notes:  # only the random-weights note gets here: the job is still submitted
+        print(f"pd-train submit: warning: {note}", file=sys.stderr)
 
     scrubbed = pd_launch.scrub_environment(os.environ, overrides=job.env).env
     if shutil.which("sbatch", path=scrubbed.get("PATH", os.defpath)) is None:

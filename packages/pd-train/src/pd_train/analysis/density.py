@@ -84,17 +84,22 @@ def plot_density(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     n = len(by_kind)
-    fig = Figure(figsize=(3.0 * n, 2.8), layout="constrained")
-    axes = fig.subplots(1, n, squeeze=False).ravel()
+    ncols = min(n, 4)  # wrapped: 7 kinds are two rows, not a 2100-pixel strip
+    nrows = -(-n // ncols)
+    fig = Figure(figsize=(3.4 * ncols, 2.9 * nrows + 0.5), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
     alive_all = np.concatenate([v[v > 0] for v in by_kind.values()])
     low = max(np.log10(alive_all.min()), -8.0) if alive_all.size else -8.0
     bins = np.linspace(low, 0.0, 31)
-    for ax, (kind, values) in zip(axes, by_kind.items(), strict=True):
+    for ax, (kind, values) in zip(axes, by_kind.items(), strict=False):
         live = values[values > 0]
         if live.size:
             ax.hist(np.log10(live), bins=bins, color="C0")
         ax.set_title(f"{kind}: {values.size - live.size} dead of {values.size}", fontsize=9)
         ax.set_xlabel("log10 density")
+        ax.set_ylabel("components")
         ax.tick_params(labelsize=7)
     fig.suptitle(f"activation density per component (eval, step {record.get('step')})")
     path = Path(out_dir) / DENSITY_PLOT

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["builtin_config", "builtin_configs"]
+__all__ = ["builtin_config", "builtin_configs", "builtin_toys"]
 
 
 def _directories() -> list[Path]:
@@ -26,11 +26,20 @@ def builtin_configs() -> dict[str, Path]:
     return {}
 
 
+def builtin_toys() -> list[str]:
+    """The built-in toy targets' names (``tms_5_2``, ...): ``builtin:<toy>`` runs one."""
+    from pd_train.targets.toys import TOYS
+
+    return sorted(TOYS)
+
+
 def builtin_config(name: str) -> Path:
     from pd_train._config_io import ConfigError
 
     configs = builtin_configs()
     if name not in configs:
         allowed = ", ".join(f"builtin:{n}" for n in configs) or "none found"
-        raise ConfigError([("config", f"no builtin config {name!r}; have {allowed}")])
+        toys = ", ".join(f"builtin:{n}" for n in builtin_toys())
+        msg = f"no builtin config {name!r}; configs: {allowed}; toys: {toys}"
+        raise ConfigError([("config", msg)])
     return configs[name]

@@ -80,9 +80,22 @@ def _step_axis(ax: Axes) -> None:
     ax.set_xlabel("step")
 
 
-def _log_y_if_positive(ax: Axes, values: Sequence[float]) -> None:
-    if values and min(values) > 0:
+#: A y axis goes logarithmic only when its positive values span more than this factor: a
+#: cross-entropy between 2.78 and 2.85 reads on a linear axis, a loss falling from 1e3 to 1e-2
+#: on a log one.
+LOG_SCALE_MIN_RATIO = 30.0
+
+
+def _scale_y(ax: Axes, values: Sequence[float]) -> None:
+    """Log-y where the values are positive and span a wide range, else linear."""
+    vals = [v for v in values if math.isfinite(v)]
+    if vals and min(vals) > 0 and max(vals) / min(vals) > LOG_SCALE_MIN_RATIO:
         ax.set_yscale("log")
+
+
+def _legend_outside(ax: Axes, **kwargs: Any) -> None:
+    """The legend to the right of the axes, never over the data."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
 
 
 def _rolling_mean(steps: Sequence[int], values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -93,32 +106,75 @@ def _rolling_mean(steps: Sequence[int], values: Sequence[float]) -> tuple[np.nda
     return np.asarray(steps)[start : start + smooth.size], smooth
 
 
+#: Eval metrics drawn together on one axis, one line per mask (``eval/ce_clean`` beside the
+#: masked cross-entropies): the prefix, the y label.
+_FAMILIES = (
+    ("eval/ce_", "cross-entropy (nats)"),
+    ("eval/kl_", "KL(clean ‖ masked) (nats)"),
+    ("eval/hidden_mse_", "hidden-activation MSE"),
+    ("eval/attn_kl_", "attention-pattern KL (nats)"),
+)
+
+
+def _panels(keys: Sequence[str]) -> list[tuple[str, str, list[str]]]:
+    """(title, y label, keys) per panel: a family of masks on one panel, any other key alone."""
+    panels: list[tuple[str, str, list[str]]] = []
+    done: set[str] = set()
+    for key in keys:
+        if key in done:
+            continue
+        family = next(((p, label) for p, label in _FAMILIES if key.startswith(p)), None)
+        if family is None:
+            ylabel = "loss" if key.startswith("loss/") else key.rsplit("/", 1)[-1]
+            panels.append((key, ylabel, [key]))
+            done.add(key)
+            continue
+        prefix, label = family
+        members = [k for k in keys if k.startswith(prefix)]
+        members.sort(key=lambda k: (not k.endswith("_clean"), keys.index(k)))
+        panels.append((prefix.rstrip("_") + "_*", label, members))
+        done.update(members)
+    return panels
+
+
 def _curve_grid(records: Sequence[Record], keys: Sequence[str], title: str, path: Path) -> Path:
-    nrows, ncols = _grid(len(keys), 3)
-    fig = _figure(4.2 * ncols, 3.0 * nrows)
+    panels = _panels(keys)
+    nrows, ncols = _grid(len(panels), 2 if any(len(m) > 1 for *_, m in panels) else 3)
+    fig = _figure(5.2 * ncols, 3.2 * nrows)
     fig.suptitle(title)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, key in zip(axes, keys, strict=False):
-        steps, values = series(records, key)
-        # Noisy stochastic losses: the raw curve faint, a moving average on top.
-        smooth = len(values) >= 20
-        few = len(values) <= 50  # e.g. evals: show the points themselves
-        ax.plot(
-            steps,
-            values,
-            color="C0",
-            lw=0.8,
-            alpha=0.35 if smooth else 1.0,
-            marker="o" if few else None,
-            ms=3,
-        )
-        if smooth:
-            ax.plot(*_rolling_mean(steps, values), color="C0", lw=1.5)
-        _log_y_if_positive(ax, values)
-        ax.set_title(key, fontsize=10)
+    for ax, (name, ylabel, members) in zip(axes, panels, strict=False):
+        drawn: list[float] = []
+        for i, key in enumerate(members):
+            steps, values = series(records, key)
+            drawn += values
+            clean = key.endswith("_clean")
+            color = "black" if clean else f"C{i % 10}"
+            label = key.rsplit("/", 1)[-1].split("_", 1)[-1] if len(members) > 1 else None
+            # Noisy stochastic losses: the raw curve faint, a moving average on top.
+            smooth = len(values) >= 20
+            few = len(values) <= 50  # e.g. evals: show the points themselves
+            ax.plot(
+                steps,
+                values,
+                color=color,
+                lw=0.8,
+                ls="--" if clean else "-",
+                alpha=0.35 if smooth else 1.0,
+                marker="o" if few and not clean else None,
+                ms=3,
+                label=None if smooth else label,
+            )
+            if smooth:
+                ax.plot(*_rolling_mean(steps, values), color=color, lw=1.5, label=label)
+        _scale_y(ax, drawn)
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel(ylabel)
         _step_axis(ax)
         ax.grid(True, alpha=0.3)
-    for ax in axes[len(keys) :]:
+        if len(members) > 1:
+            _legend_outside(ax, title="mask")
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     return _save(fig, path)
 
@@ -129,7 +185,7 @@ def _numeric_keys(records: Sequence[Record], prefix: str) -> list[str]:
 
 def plot_loss_curves(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
     """``loss_curves.png``: every ``loss/*`` key of the train records against step, one panel
-    each (``loss/total`` first), log-y where all values are positive."""
+    each (``loss/total`` first), log-y only where the values span a wide range."""
     train = of_phase(records, "train")
     keys = _numeric_keys(train, "loss/")
     if not keys:
@@ -140,7 +196,9 @@ def plot_loss_curves(records: Sequence[Record], out_dir: str | Path) -> list[Pat
 
 
 def plot_eval_curves(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
-    """``eval_curves.png``: every ``eval/*`` key (CE, KL, ...) of the eval records against step."""
+    """``eval_curves.png``: the eval records against step, each family of masks on one axis
+    (every ``eval/ce_*`` with ``ce_clean`` dashed black, every ``eval/kl_*``, ...), legends
+    beside the axes, linear y unless the values span a wide range."""
     evals = of_phase(records, "eval")
     keys = _numeric_keys(evals, "eval/")
     if not keys:
@@ -151,8 +209,8 @@ def plot_eval_curves(records: Sequence[Record], out_dir: str | Path) -> list[Pat
 
 def plot_l0(records: Sequence[Record], out_dir: str | Path, *, max_curves: int = 8) -> list[Path]:
     """``l0_per_site.png``: the last eval's L0 per site (train's when no eval has L0) as bars in
-    canonical order, colored by kind; ``l0_curves.png``: the mean over sites and up to
-    ``max_curves`` sites spread over the canonical order, against step."""
+    canonical order, colored by kind; ``l0_curves.png``: the mean L0 of each kind's sites and
+    of all sites against step, the legend beside the axes."""
     source = l0_source(records)
     if source is None:
         log.info("plots: no records with l0/<site> values; skipping %s", L0_PER_SITE)
@@ -180,6 +238,7 @@ def _l0_bars(record: Record, sites: list[str], phase: str, path: Path) -> Path:
     ax.bar(x, values, width=0.85, color=[_KIND_COLORS.get(k, "C7") for k in kinds])
     if len(sites) <= 32:
         ax.set_xticks(x, sites, rotation=90, fontsize=7)
+        ax.set_xlabel("site")
     else:
         # Too many bars to name: one tick per layer (thinned to at most 32 labels).
         firsts = [
@@ -193,8 +252,8 @@ def _l0_bars(record: Record, sites: list[str], phase: str, path: Path) -> Path:
     for k in present:
         ax.bar([0], [0], color=_KIND_COLORS[k], label=k)  # legend entries only
     if present:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    _log_y_if_positive(ax, values)
+        _legend_outside(ax, title="kind")
+    _scale_y(ax, values)
     ax.set_ylabel("L0 (active components)")
     ax.set_xlim(-0.6, len(sites) - 0.4)
     ax.grid(True, axis="y", alpha=0.3)
@@ -206,31 +265,47 @@ def _l0_bars(record: Record, sites: list[str], phase: str, path: Path) -> Path:
 
 
 def _l0_curves(rs: list[Record], sites: list[str], phase: str, max_curves: int, path: Path) -> Path:
-    fig = _figure(8, 4.5)
+    """The mean L0 of each kind's sites (every site counted, colored as in the bars) and the
+    mean over all sites, against step. ``max_curves`` is kept for callers; kinds are few."""
+    fig = _figure(8.5, 4.5)
     ax = fig.subplots()
     all_values: list[float] = []
-    picks = np.unique(np.linspace(0, len(sites) - 1, num=min(max_curves, len(sites))).round())
-    for i in picks.astype(int):
-        steps, values = series(rs, f"l0/{sites[i]}")
+    kinds = [k for k in KIND_ORDER if any(site_kind(s) == k for s in sites)]
+    kinds += sorted({site_kind(s) for s in sites} - set(kinds))
+    groups = [(k, [s for s in sites if site_kind(s) == k]) for k in kinds]
+    groups.append(("all sites", sites))
+    for kind, members in groups:
+        steps, means = _mean_series(rs, members)
+        last = kind == "all sites"
         ax.plot(
-            steps, values, lw=1.0, label=sites[i], marker="o" if len(values) <= 50 else None, ms=3
+            steps,
+            means,
+            color="black" if last else _KIND_COLORS.get(kind, "C7"),
+            lw=2.2 if last else 1.2,
+            marker="o" if len(means) <= 50 and not last else None,
+            ms=3,
+            label=f"{kind} ({len(members)} sites)",
         )
-        all_values += values
-    mean_steps: list[int] = []
+        all_values += means
+    _scale_y(ax, all_values)
+    _step_axis(ax)
+    ax.set_ylabel("L0 (mean over the sites)")
+    ax.set_title(f"L0 over steps ({phase}): mean per kind")
+    ax.grid(True, alpha=0.3)
+    _legend_outside(ax, title="kind")
+    return _save(fig, path)
+
+
+def _mean_series(rs: list[Record], sites: list[str]) -> tuple[list[int], list[float]]:
+    """(steps, mean L0 over ``sites``) of the records where every site has a finite L0."""
+    steps: list[int] = []
     means: list[float] = []
     for r in rs:
         vals = [finite(r.get(f"l0/{s}")) for s in sites]
         if isinstance(r.get("step"), int) and all(v is not None for v in vals):
-            mean_steps.append(r["step"])
+            steps.append(r["step"])
             means.append(float(np.mean([v for v in vals if v is not None])))
-    ax.plot(mean_steps, means, color="black", lw=2.2, label="mean over sites")
-    _log_y_if_positive(ax, all_values + means)
-    _step_axis(ax)
-    ax.set_ylabel("L0")
-    ax.set_title(f"L0 over steps ({phase})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
-    return _save(fig, path)
+    return steps, means
 
 
 def _histogram(value: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -296,7 +371,12 @@ def _ci_figure(
     # rendering time with hundreds of panels.
     fig = _figure(2.6 * ncols, 2.0 * nrows + 0.6, layout=None)
     fig.subplots_adjust(
-        left=0.06, right=0.98, bottom=0.06, top=1 - 0.6 / (2.0 * nrows + 0.6), hspace=0.55
+        left=0.08,
+        right=0.98,
+        bottom=0.08,
+        top=1 - 0.6 / (2.0 * nrows + 0.6),
+        hspace=0.75,
+        wspace=0.4,
     )
     first, total = position
     fig.suptitle(
@@ -309,10 +389,13 @@ def _ci_figure(
     for ax, site in zip(axes, chunk, strict=False):
         counts, edges = hists[site]
         ax.stairs(counts, edges, fill=True, color="C0")
-        if counts.max() > 0:
+        log_y = counts.max() > 0
+        if log_y:
             ax.set_yscale("log")
             ax.yaxis.set_minor_locator(NullLocator())
         ax.set_title(site, fontsize=8)
+        ax.set_xlabel("CI (lower)", fontsize=7, labelpad=1)
+        ax.set_ylabel("positions (log)" if log_y else "positions", fontsize=7, labelpad=1)
         ax.tick_params(labelsize=7)
     for ax in axes[len(chunk) :]:
         ax.set_visible(False)
