@@ -98,6 +98,23 @@ class GPT2Config:
     def inner(self) -> int:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
 
+    # transformers' attribute_map aliases, which the run reads for every LM target
+    @property
+    def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.n_head
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.n_positions
+
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         """``(d_in, d_out)`` of each kind, in canonical order."""
         d, f = self.n_embd, self.inner

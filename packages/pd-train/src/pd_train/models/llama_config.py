@@ -202,3 +202,7 @@ def llama3_8b() -> LlamaConfig:
         max_position_embeddings=8192,
         tie_word_embeddings=False,
     )
+
+
+#: Named Llama architectures (``target.architecture: llama3_8b``).
+LLAMA_PRESETS = {"llama3_8b": llama3_8b}
