@@ -57,7 +57,7 @@ CASES: dict[str, dict[str, Any]] = {
             n_head=4,
             activation_function="gelu_new",
             layer_norm_epsilon=1e-5,
-        ),  # fmt: skip
+        ),
         "seed": 11,
     },
     "gpt2_bare": {
@@ -72,7 +72,7 @@ CASES: dict[str, dict[str, Any]] = {
             activation_function="gelu_pytorch_tanh",
             layer_norm_epsilon=1e-6,
             tie_word_embeddings=False,
-        ),  # fmt: skip
+        ),
         "bare": True,
         "seed": 12,
     },
@@ -89,7 +89,7 @@ CASES: dict[str, dict[str, Any]] = {
             max_position_embeddings=128,
             tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-        ),  # fmt: skip
+        ),
         "legacy_dialect": True,
         "seed": 13,
     },
@@ -107,7 +107,7 @@ CASES: dict[str, dict[str, Any]] = {
             max_position_embeddings=128,
             tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        ),  # fmt: skip
+        ),
         "seed": 14,
     },
 }

@@ -150,7 +150,9 @@ def test_shipped_architectures_construct() -> None:
     for path in builtin_configs().values():
         arch = (yaml.safe_load(path.read_text()).get("target") or {}).get("architecture")
         if arch is not None:
-            assert isinstance(target_architecture(LlamaTargetConfig(architecture=arch)), LlamaConfig)
+            assert isinstance(
+                target_architecture(LlamaTargetConfig(architecture=arch)), LlamaConfig
+            )
             checked += 1
     assert checked >= 1
 

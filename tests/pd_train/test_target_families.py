@@ -287,3 +287,27 @@ def test_a_checkpoint_decomposes_end_to_end(tmp_path, kind, vocab) -> None:
         "mlp.down_proj" in s for s in sites
     ), sites
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["target"]["type"] == kind
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen2", "qwen3"])
+def test_the_built_in_family_configs_validate(kind) -> None:
+    from pd_train.run import prepare
+
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{kind}-tiny.yaml"
+    prepared = prepare(path, for_run=True)
+    assert prepared.config.target.type == kind
+    assert kind_of(prepared.model).name == kind
+
+
+def test_presets_per_family_and_unknown_presets_named() -> None:
+    q3 = target_architecture(Qwen3TargetConfig(architecture="qwen3_8b"))
+    assert kind_of(q3).name == "qwen3" and q3.resolved_head_dim == 128
+    assert as_target(q3).site_shapes()["k_proj"] == (4096, 8 * 128)
+    q2 = target_architecture(Qwen2TargetConfig(architecture="qwen2_5_7b"))
+    assert kind_of(q2).name == "qwen2" and q2.num_hidden_layers == 28
+    g = target_architecture(GPT2TargetConfig(architecture="gpt2"))
+    assert as_target(g).site_shapes()["up_proj"] == (768, 3072)
+    with pytest.raises(
+        ConfigError, match=r"target\.architecture: got 'llama3_8b'; presets are \['gpt2'\]"
+    ):
+        target_architecture(GPT2TargetConfig(architecture="llama3_8b"))

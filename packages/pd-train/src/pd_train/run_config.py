@@ -164,7 +164,7 @@ def absolute_paths(config: Config, base: Path | None) -> Config:
         return str(path if path.is_absolute() else base / path)
 
     target = config.target
-    if getattr(target, "checkpoint", None) is not None:  # kinds without checkpoints: as they are
+    if target.checkpoint is not None:  # kinds without a checkpoint field inherit None
         target = attrs.evolve(target, checkpoint=fix(target.checkpoint))  # type: ignore[misc]
     data = attrs.evolve(
         config.data, path=fix(config.data.path), eval_path=fix(config.data.eval_path)

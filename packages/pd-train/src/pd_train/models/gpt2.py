@@ -58,7 +58,11 @@ def _positive_int(_instance: Any, attribute: Any, value: Any) -> None:
 
 
 def _positive_float(_instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0 < float(value) < math.inf
+    ):
         raise FieldValueError(attribute.name, f"got {value!r}; must be a finite number > 0")
 
 

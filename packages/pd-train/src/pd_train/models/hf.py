@@ -885,7 +885,9 @@ def _load_params(
             msg = f"dtype: got {want_dtype}; expected a floating dtype (float32, bfloat16, float16)"
             raise CheckpointError(msg)
     placements = _resolve_shardings(shardings, layout)
-    entries = [((k,), p) for k, p in layout.items() if k != "layers"]
+    entries: list[tuple[tuple[str, ...], _Param]] = [
+        ((k,), p) for k, p in layout.items() if k != "layers"
+    ]
     entries += [(("layers", k), p) for k, p in layout["layers"].items()]
 
     with ExitStack() as stack:

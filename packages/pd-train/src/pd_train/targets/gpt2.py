@@ -24,7 +24,7 @@ from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
 from pd_train.targets.base import Linear
 from pd_train.targets.registry import TargetKind, register_target
 
-__all__ = ["GPT2", "GPT2Target", "GPT2TargetConfig"]
+__all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig"]
 
 
 @attrs.frozen(kw_only=True)
@@ -78,8 +78,18 @@ class GPT2TargetConfig(HFTargetConfig):
     type: Literal["gpt2"] = "gpt2"
 
 
+#: ``target.architecture: gpt2``: GPT-2 small (124M), as openai-community/gpt2's config.json.
+GPT2_PRESETS = {
+    "gpt2": lambda: GPT2Config(
+        vocab_size=50_257, n_positions=1024, n_embd=768, n_layer=12, n_head=12
+    ),
+}
+
+
 def _architecture(config: GPT2TargetConfig, *, base: Path | None) -> GPT2Config:
-    return hf_architecture(config, base=base, from_hf=hf.gpt2_config_from_hf, presets={})  # type: ignore[no-any-return]
+    return hf_architecture(  # type: ignore[no-any-return]
+        config, base=base, from_hf=hf.gpt2_config_from_hf, presets=GPT2_PRESETS
+    )
 
 
 def _load(config: GPT2TargetConfig, checkpoint: Path, *, shardings: Any, dtype: Any) -> Any:

@@ -55,9 +55,16 @@ DEFAULT_KIND = "llama"
 
 class TargetConfig:
     """Base of every kind's ``target:`` config (attrs classes with a ``type`` field): the type
-    a run config's ``target`` has. Structured by :func:`structure_target_config`."""
+    a run config's ``target`` has. Structured by :func:`structure_target_config`.
+
+    The run reads ``checkpoint``, ``architecture`` and ``dtype`` of every kind; a kind whose
+    config has no such field inherits these class defaults (no checkpoint file, no architecture
+    mapping, float32 weights)."""
 
     type: str
+    checkpoint: str | None = None
+    architecture: Any = None
+    dtype: str = "float32"
 
 
 @attrs.frozen(kw_only=True)
