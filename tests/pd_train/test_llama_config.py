@@ -20,7 +20,8 @@ from pd_train.cli import main
 from pd_train.configs import builtin_configs
 from pd_train.models.hf import CheckpointError, llama_config_from_hf, read_hf_config
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
-from pd_train.run_config import ARCHITECTURE_PRESETS, TargetConfig, target_architecture
+from pd_train.run_config import ARCHITECTURE_PRESETS, target_architecture
+from pd_train.targets.llama import LlamaTargetConfig
 
 from .test_run import TINY_ARCH, tiny_config
 
@@ -149,7 +150,9 @@ def test_shipped_architectures_construct() -> None:
     for path in builtin_configs().values():
         arch = (yaml.safe_load(path.read_text()).get("target") or {}).get("architecture")
         if arch is not None:
-            assert isinstance(target_architecture(TargetConfig(architecture=arch)), LlamaConfig)
+            assert isinstance(
+                target_architecture(LlamaTargetConfig(architecture=arch)), LlamaConfig
+            )
             checked += 1
     assert checked >= 1
 
@@ -177,7 +180,7 @@ def test_hf_config_errors_use_hf_field_names() -> None:
 
 
 def test_bad_architecture_in_yaml_is_a_config_error_at_its_path() -> None:
-    target = TargetConfig(architecture={**TINY_ARCH, "num_key_value_heads": 3})
+    target = LlamaTargetConfig(architecture={**TINY_ARCH, "num_key_value_heads": 3})
     with pytest.raises(ConfigError) as info:
         target_architecture(target)
     [(path, message)] = info.value.problems

@@ -365,9 +365,14 @@ def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
     seq_len] (see the module docstring for what counts)."""
     from pd_train.losses import all_sites_plan, chunkwise_plan
 
-    if not isinstance(model, LlamaConfig):
-        msg = f"step_census counts Llama targets only, not {type(model).__name__}"
-        raise TypeError(msg)
+    if not isinstance(model, LlamaConfig):  # another registered kind may count its own
+        from pd_train.targets import kind_of
+
+        kind = kind_of(model)
+        if kind is None or kind.census is None:
+            msg = f"step_census counts Llama-family targets only, not {type(model).__name__}"
+            raise TypeError(msg)
+        return kind.census(model, pd, seq_len=seq_len)  # type: ignore[no-any-return]
     decomposition = build_decomposition(model, pd.decomposition_targets)
     b, t = pd.batch_size, seq_len
     acc = _Acc()

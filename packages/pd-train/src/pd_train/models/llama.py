@@ -9,7 +9,10 @@ layers stacked on a leading axis, so the layer loop is one ``lax.scan``::
                 "q_proj": [L, hidden, heads*hd], "k_proj": [L, hidden, kv*hd],
                 "v_proj": [L, hidden, kv*hd], "o_proj": [L, heads*hd, hidden],
                 "gate_proj": [L, hidden, ff], "up_proj": [L, hidden, ff],
-                "down_proj": [L, ff, hidden]}}
+                "down_proj": [L, ff, hidden],
+                # with qkv_bias (Qwen2): "q_bias" [L, heads*hd], "k_bias"/"v_bias" [L, kv*hd]
+                # with qk_norm (Qwen3): "q_norm"/"k_norm" [L, hd]
+                }}
 
 Numerics follow ``transformers``' LlamaForCausalLM: RMSNorm computes its variance in fp32 and casts
 back before the weight; RoPE uses the rotate-half convention (not interleaved) with cos/sin
@@ -104,6 +107,13 @@ def _init_params(config: LlamaConfig, key: jax.Array, dtype: Any) -> Params:
         "post_attention_layernorm": jnp.ones((layers_n, d), dtype),
         **{k: values[k] for k in KINDS},
     }
+    if config.qkv_bias:  # small non-zero biases, so a test sees them
+        for k in ("q", "k", "v"):
+            width = shapes[f"{k}_proj"][1]
+            layers[f"{k}_bias"] = jnp.full((layers_n, width), 0.01, dtype)
+    if config.qk_norm:
+        for k in ("q", "k"):
+            layers[f"{k}_norm"] = jnp.ones((layers_n, config.resolved_head_dim), dtype)
     params: Params = {
         "embed_tokens": values["embed_tokens"],
         "norm": jnp.ones((d,), dtype),
@@ -231,9 +241,13 @@ def _decoder_layer(
     b, t, _ = h.shape
     hd = config.resolved_head_dim
     x = rms_norm(h, layer["input_layernorm"], config.rms_norm_eps)
-    q = linear("q_proj", x, layer["q_proj"]).reshape(b, t, config.num_attention_heads, hd)
-    k = linear("k_proj", x, layer["k_proj"]).reshape(b, t, config.num_key_value_heads, hd)
-    v = linear("v_proj", x, layer["v_proj"]).reshape(b, t, config.num_key_value_heads, hd)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    q = _projection(linear, "q", x, layer, config).reshape(b, t, heads, hd)
+    k = _projection(linear, "k", x, layer, config).reshape(b, t, kv_heads, hd)
+    v = _projection(linear, "v", x, layer, config).reshape(b, t, kv_heads, hd)
+    if config.qk_norm:  # Qwen3: RMSNorm over each head's dims, before RoPE
+        q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
     q = apply_rope(q, cos, sin)
     probs = attention_probs(q, apply_rope(k, cos, sin))
     attn = _attend(probs, v, q.shape)
@@ -243,6 +257,17 @@ def _decoder_layer(
         "up_proj", x, layer["up_proj"]
     )
     return h + linear("down_proj", gated, layer["down_proj"]), probs
+
+
+def _projection(
+    linear: Linear, name: str, x: jax.Array, layer: Mapping[str, jax.Array], config: LlamaConfig
+) -> jax.Array:
+    """``linear`` on the ``{name}_proj`` site, plus its frozen bias when the config has one
+    (never decomposed: the site is the weight alone, as spd keeps biases)."""
+    y = linear(f"{name}_proj", x, layer[f"{name}_proj"])
+    if config.qkv_bias:
+        y = y + layer[f"{name}_bias"].astype(y.dtype)
+    return y
 
 
 def embed(params: Params, tokens: jax.Array, dtype: Any = None) -> jax.Array:

@@ -78,6 +78,11 @@ class LlamaConfig:
     ``num_key_value_heads`` divides ``num_attention_heads`` (grouped-query attention);
     without ``head_dim``, ``num_attention_heads`` divides ``hidden_size``; the head dim is even
     (rotate-half RoPE); ``rope_freq_factors`` has head_dim / 2 entries, without ``rope_scaling``.
+
+    Two switches cover the Llama-like Qwen decoders (both false for Llama): ``qkv_bias`` adds a
+    frozen bias to q/k/v (Qwen2, Qwen2.5: params ``q_bias``/``k_bias``/``v_bias``
+    [L, heads*hd | kv*hd]); ``qk_norm`` applies an RMSNorm over head_dim to every query and key
+    head before RoPE (Qwen3: params ``q_norm``/``k_norm`` [L, head_dim]).
     """
 
     vocab_size: int = attrs.field(validator=_positive_int)
@@ -114,6 +119,9 @@ class LlamaConfig:
             "null or a non-empty tuple of finite numbers > 0",
         ),
     )
+
+    qkv_bias: bool = attrs.field(default=False, validator=_bool)
+    qk_norm: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
@@ -194,3 +202,7 @@ def llama3_8b() -> LlamaConfig:
         max_position_embeddings=8192,
         tie_word_embeddings=False,
     )
+
+
+#: Named Llama architectures (``target.architecture: llama3_8b``).
+LLAMA_PRESETS = {"llama3_8b": llama3_8b}

@@ -74,13 +74,17 @@ class Target(Protocol):
 
 
 def as_target(model: Any) -> Target:
-    """``model`` as a :class:`Target`: a Target as is, a ``LlamaConfig`` as a Llama target."""
-    from pd_train.models.llama_config import LlamaConfig
-    from pd_train.targets.llama import LlamaTarget
+    """``model`` as a :class:`Target`: a Target as is; an architecture a registered kind owns
+    (a ``LlamaConfig``, a ``GPT2Config``) as that kind's target."""
+    from pd_train.targets.registry import kind_of
 
-    if isinstance(model, LlamaConfig):
-        return LlamaTarget(config=model)
     if isinstance(model, Target):
         return model
-    msg = f"{type(model).__name__} is not a pd target (a LlamaConfig or a pd_train.targets.Target)"
+    kind = kind_of(model)
+    if kind is not None:
+        return kind.target(model)  # type: ignore[no-any-return]
+    msg = (
+        f"{type(model).__name__} is not a pd target (an architecture of a registered target "
+        "kind, e.g. a LlamaConfig, or a pd_train.targets.Target)"
+    )
     raise TypeError(msg)

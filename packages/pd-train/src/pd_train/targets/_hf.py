@@ -1,0 +1,112 @@
+"""What the Hugging Face target kinds (Llama, Qwen2, Qwen3, GPT-2) share: the fields of their
+``target:`` section, how its architecture is found, and the FSDP shardings of their params."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from pd_train._config_io import ConfigError, FieldValueError, one_of
+from pd_train.targets.registry import TargetConfig
+
+__all__ = ["HFTargetConfig", "hf_architecture", "hf_shardings"]
+
+
+@attrs.frozen(kw_only=True)
+class HFTargetConfig(TargetConfig):
+    """The frozen model to decompose, from a Hugging Face checkpoint or random weights.
+
+    ``checkpoint``: a Hugging Face checkpoint directory (``config.json`` + safetensors; Llama
+    also reads llama.cpp ``.gguf`` files and the ``builtin:`` assets), or null for random
+    weights of ``architecture`` (tests, probes, ``pd-train compile``). ``architecture``: a
+    preset name, a mapping of the family's ``config.json`` fields, or null to read the
+    checkpoint's ``config.json``. ``dtype``: the dtype the weights load in. ``strict`` (default
+    true): a checkpoint tensor that ``config.json`` does not account for is an error; false
+    loads a prefix of a deeper checkpoint's layers on purpose (only whole layers past the
+    configured count are skipped; anything else is still an error).
+    """
+
+    checkpoint: str | None = None
+    architecture: str | dict[str, Any] | None = None
+    dtype: Literal["float32", "bfloat16"] = attrs.field(
+        default="float32", validator=one_of("float32", "bfloat16")
+    )
+    strict: bool = True
+
+
+def hf_architecture(
+    config: HFTargetConfig,
+    *,
+    base: Path | None,
+    from_hf: Callable[[Mapping[str, Any]], Any],
+    presets: Mapping[str, Callable[[], Any]],
+    from_file: Callable[[Path], Any] | None = None,
+) -> Any:
+    """The architecture of ``config``: its preset, its mapping read by ``from_hf`` (errors at
+    ``target.architecture``), or the checkpoint's ``config.json`` (errors at
+    ``target.checkpoint``). ``from_file(path)``: the architecture of a checkpoint in another
+    format (GGUF), or None when ``path`` is not one."""
+    from pd_train.models.hf import read_hf_config
+    from pd_train.run_config import resolve_path
+
+    arch = config.architecture
+    if isinstance(arch, str):
+        if arch not in presets:
+            msg = f"got {arch!r}; presets are {sorted(presets)}, or give a mapping"
+            raise ConfigError([("target.architecture", msg)])
+        return presets[arch]()
+    if isinstance(arch, Mapping):
+        try:
+            return from_hf(arch)
+        except ValueError as exc:
+            # The mapping came from this config, not from a checkpoint's config.json.
+            msg = str(exc).removeprefix("checkpoint config: ")
+            raise ConfigError([("target.architecture", msg)]) from None
+    if config.checkpoint is None:
+        msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
+        raise ConfigError([("target.architecture", msg)])
+    try:
+        path = resolve_path(config.checkpoint, base=base)
+    except (FieldValueError, FileNotFoundError) as exc:
+        raise ConfigError([("target.checkpoint", str(exc))]) from None
+    if from_file is not None:
+        try:
+            found = from_file(path)
+        except ValueError as exc:
+            raise ConfigError([("target.checkpoint", str(exc))]) from None
+        if found is not None:
+            return found
+    if not (path / "config.json").is_file():
+        msg = f"{str(path)!r} has no config.json; expected a Hugging Face checkpoint directory"
+        raise ConfigError([("target.checkpoint", msg)])
+    try:
+        return from_hf(read_hf_config(path))
+    except ValueError as exc:
+        raise ConfigError([("target.checkpoint", str(exc))]) from None
+
+
+def hf_shardings(layout: Any, params: Mapping[str, Any], *, hidden_size: int) -> Any:
+    """FSDP shardings of a Hugging Face family's params tree: the token embedding hidden over
+    the data axes (``embedding``), the LM head too (``lm_head``), every stacked weight
+    [L, d_in, d_out] on its hidden dimension (``target_weight``); vectors (norm gains and biases
+    [L, n], [n]) and the position table replicated (``norm``: small beside the weights)."""
+
+    def one(name: str, shape: tuple[int, ...]) -> Any:
+        if name == "embed_tokens":
+            return layout.embedding(shape, name=name)
+        if name == "lm_head":
+            return layout.lm_head(shape, name=name)
+        if name.startswith("layers.") and len(shape) == 3:
+            return layout.target_weight(shape, name=name, hidden_size=hidden_size)
+        return layout.norm(shape, name=name)
+
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "layers":
+            out[key] = {k: one(f"layers.{k}", v.shape) for k, v in value.items()}
+        else:
+            out[key] = one(key, value.shape)
+    return out
