@@ -66,6 +66,11 @@ class TargetConfig:
     architecture: Any = None
     dtype: str = "float32"
 
+    @classmethod
+    def registered_configs(cls) -> tuple[type, ...]:
+        """The config class of every registered kind, by name (the members of the union)."""
+        return tuple(kind.config for _, kind in sorted(_builtins().items()))
+
 
 @attrs.frozen(kw_only=True)
 class TargetKind:
