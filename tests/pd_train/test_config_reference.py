@@ -40,6 +40,10 @@ def _reachable(cls: type) -> set[type]:
                 if attrs.has(t):
                     todo.append(t)
                 stack.extend(typing.get_args(t))
+                # A union built from a registry (its base class defines registered_configs):
+                # its members are the registered classes.
+                if isinstance(t, type) and "registered_configs" in vars(t):
+                    stack.extend(t.registered_configs())
     return seen
 
 

@@ -201,9 +201,9 @@ class _Walk:
             return "null"
         if tp is Any:
             return "any"
-        registered = getattr(tp, "registered_configs", None)
-        if registered is not None:  # a union built from a registry (target kinds, ...)
-            tp = typing.Union[tuple(registered())]  # noqa: UP007
+        if isinstance(tp, type) and "registered_configs" in vars(tp):
+            # A union built from a registry (target kinds, ...): its base class lists them.
+            tp = typing.Union[tuple(tp.registered_configs())]  # noqa: UP007
         origin = typing.get_origin(tp)
         if origin in (typing.Union, types.UnionType):
             members = typing.get_args(tp)
