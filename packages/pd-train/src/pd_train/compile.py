@@ -126,9 +126,13 @@ def compile_all(
 
     prepared = runner.prepare(source, overrides, for_run=False)
     rt = runner.start_runtime(prepared, placement or Placement())
-    runner.configure_cache(prepared.config)
+    cache_dir = runner.configure_cache(prepared.config)
     rows = []
     announce = CompileAnnouncer(progress) if progress is not None else None
+    from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
+
+    records = ProgramRecords.for_config(cache_dir, prepared.config, prepared.model)
+    announce = explaining(announce, records, stream=progress)
     with Recorder(record, mode="compile", on_compile=announce) as recorder:
         jits = _jits(rt)
         for i, (name, lower) in enumerate(jits, 1):
