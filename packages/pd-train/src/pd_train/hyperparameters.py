@@ -247,10 +247,11 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group(
             "value",
-            "the faithfulness warmup's length (a loop on the host; 0: no warmup program) and lr",
+            "the faithfulness warmup's length (a loop on the host; 0: no warmup program)",
             "pd.faithfulness_warmup.steps",
-            "pd.faithfulness_warmup.lr",
+            switch="zero",
         ),
+        *_group("value", "the faithfulness warmup's lr", "pd.faithfulness_warmup.lr"),
         *_group("value", "the eval's CI-L0 threshold", "pd.l0_threshold"),
         *_group("value", "the run key and the data order (the key is an argument)", "seed"),
         # ---- outside the programs
@@ -466,6 +467,22 @@ def markdown_table() -> str:
             kind = "value (data)" if today else "value"
         if f.switch is not None:
             kind += f"; structural at {'null' if f.switch == 'null' else '0'}"
-        names = ", ".join(f"`{p}`" for p in paths)
+        names = ", ".join(f"`{p}`" for p in _braced(paths))
         lines.append(f"| {names} | {kind} | {f.why} |")
     return "\n".join(lines) + "\n"
+
+
+def _braced(paths: list[str]) -> list[str]:
+    """Consecutive paths under one parent written once: ``pd.ci_fn.{b1, b2}``."""
+    out: list[tuple[str, list[str]]] = []
+    for path in paths:
+        parent, _, name = path.rpartition(".")
+        if out and parent and out[-1][0] == parent:
+            out[-1][1].append(name)
+        else:
+            out.append((parent, [name]))
+    prefix = [f"{parent}." if parent else "" for parent, _ in out]
+    return [
+        f"{p}{names[0]}" if len(names) == 1 else f"{p}{{{', '.join(names)}}}"
+        for p, (_, names) in zip(prefix, out, strict=True)
+    ]
