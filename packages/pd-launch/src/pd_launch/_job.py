@@ -32,6 +32,9 @@ _MEMORY = re.compile(r"[0-9]+[KMGT]?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:,[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# sbatch --array: indices and ranges (with an optional :step), comma-separated, then %max.
+_ARRAY_RANGE = r"[0-9]+(?:-[0-9]+(?::[0-9]+)?)?"
+_ARRAY = re.compile(rf"{_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*(?:%[0-9]+)?")
 _UNSAFE_IN_DIRECTIVE = re.compile(r"[\s\"'\\]")
 _LONG_OPTION = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 _SHORT_OPTION = re.compile(r"-[A-Za-z]")
@@ -89,8 +92,8 @@ _MANAGED_OPTIONS = {
     "--get-user-env": "env (pd-launch controls the submission environment)",
     "--comment": "none (pd-launch tags each submission with a comment to find it again)",
     "--parsable": "none (pd-launch passes it to read the job id)",
-    "--array": "none (pd-launch submits and follows one job)",
-    "-a": "none (pd-launch submits and follows one job)",
+    "--array": "array",
+    "-a": "array",
     "--wait": "none (use pd-launch's wait)",
     "-W": "none (use pd-launch's wait)",
     "--test-only": "none (no job would be created; use a dry run)",
@@ -388,6 +391,8 @@ class JobSpec:
         chdir: working directory of the job; None is the directory sbatch is run from.
         env: variables exported in the script before ``srun`` (and kept in the submission
             environment even when their names look like SLURM's).
+        array: ``--array`` indices (``"0-3"``, ``"0,2,5"``, ``"0-15%4"``: at most 4 at once):
+            one job of several tasks, each with its ``SLURM_ARRAY_TASK_ID``; None: one job.
         extra_directives: more sbatch options, one per ``#SBATCH`` line, e.g.
             ``("--constraint=a100", "--qos=high")``; options the fields above own are refused.
     """
@@ -424,6 +429,10 @@ class JobSpec:
     extra_directives: tuple[str, ...] = attrs.field(
         default=(), converter=_directives_tuple, validator=_check_extra
     )
+    array: str | None = attrs.field(
+        default=None,
+        validator=_matches(_ARRAY, "array indices like '0-3', '0,2,5' or '0-15%4'"),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.memory is not None and self.mem_per_cpu is not None:
@@ -451,6 +460,8 @@ def render_script(job: JobSpec) -> str:
     stored next to a run and tested.
     """
     directives = [f"--job-name={job.name}", f"--nodes={job.nodes}"]
+    if job.array is not None:
+        directives.append(f"--array={job.array}")
     if job.tasks_per_node is not None:
         directives.append(f"--ntasks-per-node={job.tasks_per_node}")
     if job.cpus_per_task is not None:
