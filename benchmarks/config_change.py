@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from time_to_first_step import first_step_seconds  # noqa: E402
+from time_to_first_step import first_step_seconds
 
 #: (label, override) of each single-field change of the default config.
 CHANGES: tuple[tuple[str, str], ...] = (

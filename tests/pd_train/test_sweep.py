@@ -56,7 +56,8 @@ def _rendered_task(script: str, task: int) -> str:
         if line.startswith("export "):
             name, _, value = line.removeprefix("export ").partition("=")
             env[name] = shlex.split(value)[0]
-    argv = shlex.split(script[script.index("\nexec srun") :])  # to the end: bash -c '...' spans lines
+    # From `exec srun` to the end: its `bash -c '...'` spans lines.
+    argv = shlex.split(script[script.index("\nexec srun") :])
     command = argv[argv.index("bash") :]
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
 

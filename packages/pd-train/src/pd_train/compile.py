@@ -131,9 +131,9 @@ def compile_all(
     announce = CompileAnnouncer(progress) if progress is not None else None
     from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
 
-    records = ProgramRecords.for_config(cache_dir, prepared.config, prepared.model)
-    announce = explaining(announce, records, stream=progress)
-    with Recorder(record, mode="compile", on_compile=announce) as recorder:
+    programs = ProgramRecords.for_config(cache_dir, prepared.config, prepared.model)
+    on_compile = explaining(announce, programs, stream=progress)
+    with Recorder(record, mode="compile", on_compile=on_compile) as recorder:
         jits = _jits(rt)
         for i, (name, lower) in enumerate(jits, 1):
             if progress is not None:

@@ -43,8 +43,8 @@ __all__ = [
     "config_leaves",
     "leaf_class",
     "markdown_table",
-    "schema_paths",
     "schema_path",
+    "schema_paths",
     "structural_fields",
     "value_fields",
 ]
@@ -236,7 +236,9 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             *(f"pd.{group}.{n}" for group in ("components", "ci_fn") for n in _OPT_VALUES),
         ),
         *_group(
-            "value", "Adam's betas and eps", *(f"pd.{g}.{n}" for g in ("components", "ci_fn") for n in _ADAM)
+            "value",
+            "Adam's betas and eps",
+            *(f"pd.{g}.{n}" for g in ("components", "ci_fn") for n in _ADAM),
         ),
         *_group(
             "value",
@@ -300,11 +302,26 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             *(
                 f"launch.{name}"
                 for name in (
-                    "job_name", "nodes", "tasks_per_node", "process_per", "cpus_per_task",
-                    "gpus_per_node", "mem", "mem_per_cpu", "time", "partition", "account",
-                    "signal", "requeue", "env", "python", "setup", "log_dir", "extra_directives",
+                    "job_name",
+                    "nodes",
+                    "tasks_per_node",
+                    "process_per",
+                    "cpus_per_task",
+                    "gpus_per_node",
+                    "mem",
+                    "mem_per_cpu",
+                    "time",
+                    "partition",
+                    "account",
+                    "signal",
+                    "requeue",
+                    "env",
+                    "python",
+                    "setup",
+                    "log_dir",
+                    "extra_directives",
                 )
-            ),  # fmt: skip
+            ),
         ),
         *_group("outside", "experiment tracking", "tracking"),
     ]
@@ -401,7 +418,7 @@ def schema_paths() -> list[str]:
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
-def schema_path(path: str, raw: Mapping[str, Any]) -> str:
+def schema_path(path: str, raw: Any) -> str:
     """``pd.loss_metrics[1].coeff`` → ``pd.loss_metrics[type=importance_minimality].coeff``
     for the unstructured config ``raw``; ``pd.ci.hidden_dims`` → ``pd.ci[type=mlp].hidden_dims``."""
     parts = re.split(r"(?=[.\[])", path)
@@ -461,7 +478,7 @@ def markdown_table() -> str:
         else:
             rows.append(([f.path], f))
     for paths, f in rows:
-        kind = f.kind
+        kind: str = f.kind
         if f.kind == "value":
             today = all(p in DATA_VALUE_FIELDS for p in paths)
             kind = "value (data)" if today else "value"

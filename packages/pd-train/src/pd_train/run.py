@@ -648,11 +648,11 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
 
     from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
 
-    records = ProgramRecords.for_config(cache_dir, config, prepared.model) if primary else None
+    programs = ProgramRecords.for_config(cache_dir, config, prepared.model) if primary else None
     recorder = Recorder(
         run_dir / COMPILE_FILE if primary else None,
         mode="run",
-        on_compile=explaining(compile_announcer(), records) if primary else None,
+        on_compile=explaining(compile_announcer(), programs) if primary else None,
     )
     with recorder:
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
