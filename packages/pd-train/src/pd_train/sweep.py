@@ -318,6 +318,19 @@ def summary_table(sweep_dir: Path, points: Sequence[Point], status: dict[int, st
     return "\n".join(lines) + "\n"
 
 
+def _wait_for(command: list[str]) -> tuple[int, bool]:
+    """Run ``command``; its exit code, and whether Ctrl-C was pressed meanwhile. The point's
+    process gets the Ctrl-C too and stops after saving (a second one aborts it): this waits
+    for it rather than killing it (as ``subprocess.run`` would)."""
+    interrupted = False
+    proc = subprocess.Popen(command)
+    while True:
+        try:
+            return proc.wait(), interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+
+
 def _run_points(sweep_dir: Path, points: Sequence[Point], *, max_steps: int | None) -> int:
     from pd_train.cli import EXIT_INTERRUPTED
 
@@ -328,12 +341,9 @@ def _run_points(sweep_dir: Path, points: Sequence[Point], *, max_steps: int | No
         command = run_command(run_dir, max_steps=max_steps)
         print(f"pd-train sweep: {point.name} ({point.describe()}): {shlex.join(command)}")
         sys.stdout.flush()
-        try:
-            rc = subprocess.run(command, check=False).returncode
-        except KeyboardInterrupt:
-            rc = EXIT_INTERRUPTED
+        rc, interrupted = _wait_for(command)
         status[point.index] = "done" if rc == 0 else f"exit {rc}"
-        if rc == EXIT_INTERRUPTED:
+        if interrupted or rc == EXIT_INTERRUPTED:
             status[point.index] = "interrupted"
             code = EXIT_INTERRUPTED
             break
