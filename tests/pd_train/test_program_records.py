@@ -64,3 +64,38 @@ def test_a_miss_names_the_structural_field_that_differs(tmp_path: Path, capsys) 
     for line in _explanations(capsys.readouterr().err):
         assert "structural fields" not in line, line
         assert "still compiled in as constants: pd.components.lr (0.001 there, 0.004 here)" in line
+
+
+def _here(**changes: dict) -> dict:
+    here = {
+        "structural": {"pd.batch_size": 8, "data.seq_len": 16},
+        "values": {"seed": 0, "pd.steps": 100},
+        "environment": {"jax": "0.10.2", "pd source": "aaaa"},
+    }
+    for section, values in changes.items():
+        here[section] = {**here[section], **values}
+    return here
+
+
+def test_the_nearest_record_decides_the_explanation(tmp_path: Path) -> None:
+    from pd_train.program_records import ProgramRecords
+
+    ProgramRecords(tmp_path, _here()).remember("train_step")
+    ProgramRecords(tmp_path, _here(structural={"pd.batch_size": 16})).remember("train_step")
+
+    def explain(**changes: dict) -> str:
+        return ProgramRecords(tmp_path, _here(**changes)).explain("train_step")
+
+    assert "no eval_metrics program was recorded" in ProgramRecords(tmp_path, _here()).explain(
+        "eval_metrics"
+    )
+    line = explain(structural={"data.seq_len": 32})
+    assert "structural fields: data.seq_len (16 there, 32 here);" in line  # nearest: batch 8
+    line = explain(environment={"pd source": "bbbb"})
+    assert 'another environment: pd source ("aaaa" there, "bbbb" here)' in line, line
+    line = explain(values={"pd.steps": 600})
+    assert "still compiled in as constants: pd.steps (100 there, 600 here)" in line, line
+    # Only a value that is data already (the seed) differs: that miss is not explained.
+    line = explain(values={"seed": 7})
+    assert "differs in no structural field" in line and "unexpected" in line, line
+    assert "seed (0 there, 7 here)" in line, line
