@@ -33,6 +33,9 @@ _MEMORY = re.compile(r"[0-9]+[KMGT]?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:,[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# sbatch --array: indices and ranges (with an optional :step), comma-separated, then %max.
+_ARRAY_RANGE = r"[0-9]+(?:-[0-9]+(?::[0-9]+)?)?"
+_ARRAY = re.compile(rf"{_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*(?:%[0-9]+)?")
 _UNSAFE_IN_DIRECTIVE = re.compile(r"[\s\"'\\]")
 _LONG_OPTION = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 _SHORT_OPTION = re.compile(r"-[A-Za-z]")
@@ -380,6 +383,10 @@ class JobSpec:
     extra_directives: tuple[str, ...] = attrs.field(
         default=(), converter=_directives_tuple, validator=_check_extra
     )
+    array: str | None = attrs.field(
+        default=None,
+        validator=_matches(_ARRAY, "array indices like '0-3', '0,2,5' or '0-15%4'"),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.memory is not None and self.mem_per_cpu is not None:
@@ -407,6 +414,8 @@ def render_script(job: JobSpec) -> str:
     stored next to a run and tested.
     """
     directives = [f"--job-name={job.name}", f"--nodes={job.nodes}"]
+    if job.array is not None:
+        directives.append(f"--array={job.array}")
     if job.tasks_per_node is not None:
         directives.append(f"--ntasks-per-node={job.tasks_per_node}")
     if job.cpus_per_task is not None:

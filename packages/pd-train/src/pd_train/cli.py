@@ -6,6 +6,7 @@ Subcommands:
   compile  lower and compile every jit of a run on abstract inputs; print seconds and memory
   pretrain train a built-in toy target (builtin:tms_5_2) deterministically; write its weights
   submit   submit a run to SLURM through pd-launch
+  sweep    one run per point of a grid of overrides, one after another or as a SLURM array
   probe    compile probes of a config through pd-probe
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
   report   one static HTML page of a run
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pd_train import launch_cli, probe_cli
 
     launch_cli.add_parser(sub)
+    from pd_train import sweep
+
+    sweep.add_parser(sub)
     probe_cli.add_parser(sub)
     from pd_train import analyze_cli
 
@@ -213,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compile": _compile,
         "pretrain": _pretrain,
         "submit": _submit,
+        "sweep": _sweep,
         "probe": _probe,
         "analyze": _analyze,
         "report": _report,
@@ -399,6 +404,12 @@ def _submit(args: argparse.Namespace) -> int:
     from pd_train import launch_cli
 
     return launch_cli.submit(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from pd_train import sweep
+
+    return sweep.sweep(args)
 
 
 def _probe(args: argparse.Namespace) -> int:

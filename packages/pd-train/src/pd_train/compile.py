@@ -164,12 +164,16 @@ def compile_all(
 
     prepared = runner.prepare(source, overrides, for_run=False)
     rt = runner.start_runtime(prepared, placement or Placement())
-    runner.configure_cache(prepared.config)
+    cache_dir = runner.configure_cache(prepared.config)
     rows = []
     announce = CompileAnnouncer(progress) if progress is not None else None
     mesh = rt.trainer.mesh
     devices = int(mesh.devices.size) if mesh is not None else 1
-    with Recorder(record, mode="compile", on_compile=announce) as recorder:
+    from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
+
+    programs = ProgramRecords.for_config(cache_dir, prepared.config, prepared.model)
+    on_compile = explaining(announce, programs, stream=progress)
+    with Recorder(record, mode="compile", on_compile=on_compile) as recorder:
         jits = _jits(rt)
         for i, (name, lower) in enumerate(jits, 1):
             if progress is not None:

@@ -637,10 +637,13 @@ def _execute(rt: Runtime, *, run_dir: Path, max_steps: int | None, stop: _Stop) 
     else:
         cache_dir = early.cache_dir  # configured by start_runtime
 
+    from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
+
+    programs = ProgramRecords.for_config(cache_dir, config, prepared.model) if primary else None
     recorder = Recorder(
         run_dir / COMPILE_FILE if primary else None,
         mode="run",
-        on_compile=compile_announcer() if primary else None,
+        on_compile=explaining(compile_announcer(), programs) if primary else None,
     )
     with recorder:
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)

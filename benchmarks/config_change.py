@@ -1,0 +1,131 @@
+"""Time to first step after a one-field change of the default config, from a warm cache.
+
+Launches ``pd-train run --max-steps 1`` as fresh processes on one compile cache (as
+benchmarks/time_to_first_step.py does: the embedded default, shortened to no eval and a
+3-step faithfulness warmup): once into the empty cache (cold), once again (warm), then once per
+single-field change of the base config (seed, steps, each loss coefficient, the lrs, the p
+anneal, a warmup, the persistent-PGD lr; and the structural batch size, C and seq_len). Each
+change is made from the base config, into the cache the earlier launches filled. Per launch the
+table gives the time to the end of step 0, whether the field is a *value* or *structural*
+(:mod:`pd_train.hyperparameters`), and which jits missed the persistent compile cache (from
+the run's compile.json; the train step counts as a hit when it loaded from the executable
+cache). Prints last:
+
+    config change: V of V value changes hit the cache, warm TTFS/cold R.RR
+
+(the value changes whose every jit hit, of all value changes; the slowest value change's time
+to first step over the cold launch's). Value fields must hit (issue 27, DESIGN decision 9);
+structural ones miss, as they must.
+
+    nice -n 10 python benchmarks/config_change.py [--only seed,pd.steps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from time_to_first_step import first_step_seconds
+
+#: (label, override) of each single-field change of the default config.
+CHANGES: tuple[tuple[str, str], ...] = (
+    ("seed", "seed=7"),
+    ("steps", "pd.steps=600"),
+    ("faithfulness coeff", "pd.loss_metrics[0].coeff=2000.0"),
+    ("importance coeff", "pd.loss_metrics[1].coeff=0.001"),
+    ("stochastic recon coeff", "pd.loss_metrics[2].coeff=2.0"),
+    ("subset recon coeff", "pd.loss_metrics[3].coeff=2.0"),
+    ("persistent PGD coeff", "pd.loss_metrics[4].coeff=1.0"),
+    ("components lr", "pd.components.lr=0.004"),
+    ("CI fn lr", "pd.ci_fn.lr=0.004"),
+    ("p anneal end", "pd.loss_metrics[1].anneal_end_frac=0.7"),
+    ("components warmup", "pd.components.warmup_steps=40"),
+    ("persistent PGD lr", "pd.loss_metrics[4].optimizer.lr=0.02"),
+    ("batch size", "pd.batch_size=16"),
+    ("C (mlp sites)", "pd.decomposition_targets[1].C=96"),
+    ("seq_len", "data.seq_len=32"),
+)
+#: benchmarks/time_to_first_step.py's shortening of the default.
+BASE = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
+
+
+def field_kind(config: str, override: str) -> str:
+    from pd_train import hyperparameters
+    from pd_train._config_io import unstructure
+    from pd_train.cli import config_source
+    from pd_train.run_config import load_config
+
+    loaded, _ = load_config(config_source(config), BASE)
+    path = override.split("=", 1)[0]
+    return hyperparameters.leaf_class(path, unstructure(loaded)).kind
+
+
+def missed_jits(run_dir: Path) -> list[str]:
+    """The jits of a run that compiled instead of loading from a cache (compile.json)."""
+    record = json.loads((run_dir / "compile.json").read_text())
+    missed = []
+    for name, entry in record["jits"].items():
+        if any(c["cache"] == "miss" for c in entry["compiles"]):
+            missed.append(name)
+    return missed
+
+
+def launch(config: str, cache: Path, out: Path, overrides: list[str]) -> tuple[float, list[str]]:
+    before = set(out.iterdir())
+    wall, _, _ = first_step_seconds(config, cache, out, overrides)
+    (run_dir,) = set(out.iterdir()) - before
+    return wall, missed_jits(run_dir)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="builtin:default")
+    parser.add_argument("--only", help="comma-separated labels or paths of CHANGES to run")
+    args = parser.parse_args()
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    changes = list(CHANGES)
+    if args.only:
+        wanted = set(args.only.split(","))
+        changes = [c for c in changes if c[0] in wanted or c[1].split("=")[0] in wanted]
+    rows: list[tuple[str, str, str, float, list[str]]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache, out = Path(tmp) / "cache", Path(tmp) / "runs"
+        out.mkdir()
+        cold, cold_missed = launch(args.config, cache, out, BASE)
+        rows.append(("cold (empty cache)", "-", "-", cold, cold_missed))
+        warm, warm_missed = launch(args.config, cache, out, BASE)
+        rows.append(("warm (same config)", "-", "-", warm, warm_missed))
+        for label, override in changes:
+            kind = field_kind(args.config, override)
+            wall, missed = launch(args.config, cache, out, [*BASE, override])
+            rows.append((label, override, kind, wall, missed))
+            print(f"{label}: {wall:.1f} s, missed {missed or 'nothing'}", file=sys.stderr)
+    print("| change | override | field | time to step 0 | /cold | jits that missed the cache |")
+    print("|---|---|---|---:|---:|---|")
+    for label, override, kind, wall, missed in rows:
+        shown = ", ".join(missed) if missed else "none (all hit)"
+        print(f"| {label} | `{override}` | {kind} | {wall:.1f} s | {wall / cold:.2f} | {shown} |")
+    values: list[tuple[Any, ...]] = [r for r in rows if r[2] == "value"]
+    hit = sum(not r[4] for r in values)
+    worst = max((r[3] for r in values), default=float("nan"))
+    structural = [r for r in rows if r[2] == "structural"]
+    print(
+        f"\nstructural changes that missed: {sum(bool(r[4]) for r in structural)} of "
+        f"{len(structural)}; warm (same config) {warm / cold:.2f} of cold"
+    )
+    print(
+        f"config change: {hit} of {len(values)} value changes hit the cache, "
+        f"warm TTFS/cold {worst / cold:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
