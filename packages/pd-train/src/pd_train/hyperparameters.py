@@ -94,6 +94,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "target.architecture",
         ),
         *_group("structural", "the target weights' dtype", "target.dtype"),
+        *_group("structural", "the target's family (its forward and loader)", "target.type"),
         # ---- structural: the CI function
         *_group(
             "structural",
@@ -387,7 +388,16 @@ def _walk(cls: type, prefix: str) -> Iterator[str]:
     for a in attrs.fields(cls):
         tp, path = hints[a.name], f"{prefix}.{a.name}" if prefix else a.name
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
-        if item is not None and attrs.has(item):
+        if isinstance(tp, type) and "registered_configs" in vars(tp):
+            # A union built from a registry (target kinds): the members' fields by name, each
+            # once; ``type`` (which member) is a field of its own.
+            seen: set[str] = set()
+            for member in tp.registered_configs():
+                for leaf in _walk(member, path):
+                    if leaf not in seen:
+                        seen.add(leaf)
+                        yield leaf
+        elif item is not None and attrs.has(item):
             yield from _walk(item, f"{path}[*]")
         elif item is not None and _is_union(item) and all(attrs.has(m) for m in _members(item)):
             for m in _members(item):
