@@ -256,15 +256,26 @@ def _offline_log(directory: Path) -> Path:
     return logs[-1]
 
 
+def _attempts(directory: Path) -> list[Path]:
+    """The run logs of ``directory``'s W&B run, oldest first: each sync or resume of a run
+    writes another ``offline-run-<time>-<id>`` directory beside the first."""
+    log_file = _offline_log(directory)
+    run_id = log_file.stem.removeprefix("run-")
+    siblings = directory.parent.glob(f"*-{run_id}")
+    logs = [d / log_file.name for d in siblings if (d / log_file.name).is_file()]
+    return sorted(logs, key=lambda p: p.parent.name) or [log_file]  # names start with the time
+
+
 def _offline_artifact(directory: Path) -> Any:
-    """The last ``pd-<id>`` model artifact record of an offline run directory."""
+    """The last ``pd-<id>`` model artifact record of an offline run (over all its attempts)."""
     found = None
-    for record in offline_records(_offline_log(directory)):
-        if record.WhichOneof("record_type") != "artifact":
-            continue
-        art = record.artifact
-        if art.type == ARTIFACT_TYPE and art.name == artifact_name(art.run_id):
-            found = art
+    for log_file in _attempts(directory):
+        for record in offline_records(log_file):
+            if record.WhichOneof("record_type") != "artifact":
+                continue
+            art = record.artifact
+            if art.type == ARTIFACT_TYPE and art.name == artifact_name(art.run_id):
+                found = art
     if found is None:
         msg = (
             f"{directory}: the offline run logged no {artifact_name('<id>')} artifact "
