@@ -205,6 +205,7 @@ class WandbTracker:
         self._figures: dict[int, Future[list[Path]]] = {}
         self._renderer: ThreadPoolExecutor | None = None
         self._figure_dir: Path | None = None
+        self._plots_dir = self.run_dir / "plots"
         self._run: Any = None
         self._state_path = self.run_dir / TRACKING_DIR / STATE_FILE
         state = json.loads(self._state_path.read_text()) if self._state_path.is_file() else {}
@@ -254,10 +255,10 @@ class WandbTracker:
     def _render(self, step: int) -> Future[list[Path]]:
         """The eval figures of ``step`` (rendered from the records up to it), started once."""
         if step not in self._figures:
-            from pd_train.analysis.wandb_io import render_eval_figures
+            from pd_train.analysis.wandb_io import FIGURE_THREAD, render_eval_figures
 
             if self._renderer is None:
-                self._renderer = ThreadPoolExecutor(1, thread_name_prefix="pd-wandb-figures")
+                self._renderer = ThreadPoolExecutor(1, thread_name_prefix=FIGURE_THREAD)
                 self._figure_dir = Path(tempfile.mkdtemp(prefix="pd-wandb-figures-"))
             records = [r for r in self._records if isinstance(r.get("step"), int)]
             upto = [r for r in records if r["step"] <= step]
@@ -272,27 +273,36 @@ class WandbTracker:
             return step in self._eval_steps
         return self.config.figures == "final" and final
 
-    def _log_until(self, limit: int | None, *, wait: bool = False) -> None:
+    def _log_until(
+        self, limit: int | None, *, wait: bool = False, plots: dict[str, str] | None = None
+    ) -> None:
+        """Log the pending steps before ``limit`` (all with None); with ``plots`` (file name →
+        sha256 under ``self._plots_dir``), their images go with the last step logged."""
+        from pd_train.analysis.wandb_io import images
+
         last = max(self._pending, default=None)
-        for step in sorted(self._pending):
-            if limit is not None and step >= limit:
-                break
+        todo = [s for s in sorted(self._pending) if limit is None or s < limit]
+        for step in todo:
             values: dict[str, Any] = self._pending[step]
             if self._figures_due(step, final=limit is None and step == last):
                 future = self._render(step)
                 if not wait and not future.done():
                     break  # this step and the ones after it wait for its figures
-                from pd_train.analysis.wandb_io import images
-
                 paths = future.result()
                 values = {**values, **images(paths, "eval/figures")}
                 self.images_logged += len(paths)
             del self._pending[step]
             if self.last_step is not None and step <= self.last_step:
                 continue
+            if plots and step == todo[-1]:
+                values = {**values, **self._plot_images(plots)}
+                plots = None
             self._run.log(values, step=step, commit=True)
             self.last_step = step
             self.logged += 1
+        if plots and self.last_step is None:
+            # Nothing to go with (a run dir without train/eval records): W&B's first step.
+            self._run.log(self._plot_images(plots), step=0, commit=True)
 
     def _write_state(self) -> None:
         tmp = self._state_path.with_name(f".{STATE_FILE}.tmp")
@@ -311,11 +321,12 @@ class WandbTracker:
             self._log_until(max(self._pending))
             self._write_state()
 
-    def _log_plots(self, plots_dir: Path) -> None:
-        """The PNGs of ``plots_dir`` that no eval figure covers and that were not logged before
-        with the same content, under ``figures/<name>`` at the next step."""
-        from pd_train.analysis.wandb_io import images, is_eval_figure
+    def _new_plots(self, plots_dir: Path) -> dict[str, str]:
+        """The PNGs of ``plots_dir`` (name → sha256) that no eval figure covers and that were
+        not logged before with the same content."""
+        from pd_train.analysis.wandb_io import is_eval_figure
 
+        self._plots_dir = plots_dir
         seen: dict[str, str] = self._state.get("plots", {})
         new: dict[str, str] = {}
         for path in sorted(plots_dir.glob("*.png")):
@@ -324,13 +335,15 @@ class WandbTracker:
             digest = _sha256(path)
             if seen.get(path.name) != digest:
                 new[path.name] = digest
-        if not new:
-            return
-        step = 0 if self.last_step is None else self.last_step + 1
-        self._run.log(images([plots_dir / n for n in new], "figures"), step=step, commit=True)
-        self.images_logged += len(new)
-        self.last_step = step
-        self._state["plots"] = {**seen, **new}
+        return new
+
+    def _plot_images(self, plots: dict[str, str]) -> dict[str, Any]:
+        """``figures/<name>`` images of ``plots``, noted as logged."""
+        from pd_train.analysis.wandb_io import images
+
+        self.images_logged += len(plots)
+        self._state["plots"] = {**self._state.get("plots", {}), **plots}
+        return images([self._plots_dir / n for n in plots], "figures")
 
     def _log_artifact(self) -> None:
         from pd_train.analysis.wandb_io import latest_checkpoint, log_run_artifact
@@ -345,16 +358,17 @@ class WandbTracker:
         self._state["artifact"] = key
 
     def close(self, *, plots_dir: Path | None = None) -> dict[str, Any]:
-        """Log everything left (with the last figures; then ``plots_dir``'s PNGs, given by
-        :func:`sync_wandb`), log the decomposition artifact, finish the W&B run and keep its
+        """Log everything left (with the last figures; ``plots_dir``'s new PNGs, given by
+        :func:`sync_wandb`, with the last step), log the decomposition artifact, finish the W&B run and keep its
         id; returns its summary."""
         if self._run is None:
             return {}
         try:
             self._read_new()
-            self._log_until(None, wait=True)
+            plots = None
             if plots_dir is not None and plots_dir.is_dir():
-                self._log_plots(plots_dir)
+                plots = self._new_plots(plots_dir)
+            self._log_until(None, wait=True, plots=plots)
             for key, value in self._warmup.items():
                 self._run.summary[key] = value
             if self.config.checkpoint == "final":

@@ -82,10 +82,30 @@ def artifact_name(run_id: str) -> str:
 # --- figures -------------------------------------------------------------------------------
 
 
+#: The tracker's figure thread (its notes of plots skipped for want of data stay quiet).
+FIGURE_THREAD = "pd-wandb-figures"
+
+
+class _QuietFigureThread(logging.Filter):
+    """Drops the plot modules' info lines (``plots: no ... records; skipping``) logged from
+    the figure thread: at every eval they would interleave with the run's progress."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        thread = record.threadName or ""
+        return record.levelno >= logging.WARNING or not thread.startswith(FIGURE_THREAD)
+
+
+_QUIET = _QuietFigureThread()
+
+
 def render_eval_figures(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """The :data:`EVAL_PLOTS` of ``records`` (each shows the last eval among them) as PNGs in
     ``out_dir``; a plot that fails or has no data is skipped (as ``write_plots`` does)."""
     from pd_train.outputs._plots import PLOTS
+
+    plots_log = logging.getLogger("pd_train.outputs")
+    if _QUIET not in plots_log.filters:
+        plots_log.addFilter(_QUIET)
 
     paths: list[Path] = []
     for plot in PLOTS:
