@@ -274,7 +274,7 @@ def test_run_with_offline_tracking_logs_metrics_and_a_resume_continues_the_run(
         data = _image_bytes(images[2][f"eval/figures/{name}"])
         assert data == (run_dir / "plots" / f"{name}.png").read_bytes(), name
     artifacts = _offline_artifacts(run_dir, run_id)
-    assert [list(a.aliases) for a in artifacts] == [["latest", "step-2"], ["latest", "step-3"]]
+    assert [sorted(a.aliases) for a in artifacts] == [["latest", "step-2"], ["latest", "step-3"]]
     assert {e.path for e in artifacts[1].manifest.contents} == _expected_artifact_files(run_dir, 3)
     out = tmp_path / "pulled"
     assert main(["pull", str(_attempt_dirs(run_dir, run_id)[0]), "--out", str(out)]) == 0
@@ -387,7 +387,7 @@ def test_offline_sync_logs_eval_figures_plots_and_the_decomposition_and_pull_loa
     # and not its optimizer state; every file as it is in the run dir.
     (artifact,) = _offline_artifacts(run_dir, run_id)
     assert (artifact.type, artifact.name) == ("model", f"pd-{run_id}")
-    assert list(artifact.aliases) == ["latest", "step-4"]
+    assert sorted(artifact.aliases) == ["latest", "step-4"]
     entries = {e.path: e for e in artifact.manifest.contents}
     expected = _expected_artifact_files(run_dir, 4)
     assert set(entries) == expected

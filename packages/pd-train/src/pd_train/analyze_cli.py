@@ -249,7 +249,7 @@ def track(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_dir(text: str) -> Path | None:
+def _run_dir(text: str | Path) -> Path | None:
     """RUN_DIR of analyze/report: a path, or a W&B run pulled first; None after printing why
     a W&B run could not be pulled."""
     from pd_train.analysis.wandb_io import PullError, run_dir_of

@@ -398,6 +398,12 @@ def sync_wandb(run_dir: str | Path, config: WandbConfig, *, run_config: Any = No
     tracker = WandbTracker(run_dir, config, run_config=run_config)
     run_id = tracker.run_id
     summary = tracker.close(plots_dir=Path(run_dir) / "plots")
+    if run_id is not None:
+        import wandb  # type: ignore[import-not-found,unused-ignore]  # the optional extra
+
+        # W&B's service process writes an offline run's log after finish() returns; ending it
+        # here leaves the log complete on return (a pull of it may follow at once).
+        wandb.teardown()
     return SyncResult(
         run_id=run_id,
         logged_steps=tracker.logged,

@@ -446,10 +446,10 @@ def pull(source: str, out: Path | None = None) -> Path:
     raise PullError(msg)
 
 
-def run_dir_of(text: str) -> Path:
+def run_dir_of(text: str | Path) -> Path:
     """RUN_DIR as ``pd-train analyze``/``report`` take it: a local path as is; a W&B run
     reference pulled first (:func:`pull`, reused when pulled before), its run dir printed."""
-    if not is_wandb_ref(text):
+    if isinstance(text, Path) or not is_wandb_ref(text):
         return Path(text)
     out = pull(text)
     with contextlib.suppress(OSError):
