@@ -245,7 +245,9 @@ class WandbTracker:
         if self.config.figures != "none":
             self._records += records
         self._eval_steps |= {
-            r["step"] for r in records if r.get("phase") == "eval" and isinstance(r.get("step"), int)
+            r["step"]
+            for r in records
+            if r.get("phase") == "eval" and isinstance(r.get("step"), int)
         }
         steps, warmup = history(records)
         self._warmup.update(warmup)
