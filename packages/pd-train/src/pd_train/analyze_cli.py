@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parsers", "analyze", "report", "track"]
+__all__ = ["add_parsers", "analyze", "pull", "report", "track"]
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -27,7 +27,7 @@ def add_parsers(subparsers: Any) -> None:
             "density, mean CI, and its top-k activating contexts."
         ),
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help=RUN_DIR_HELP)
     p.add_argument(
         "--checkpoint", type=int, metavar="STEP", help="checkpoint step (default latest)"
     )
@@ -74,7 +74,7 @@ def add_parsers(subparsers: Any) -> None:
             "Self-contained: no server, no network."
         ),
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help=RUN_DIR_HELP)
     p.add_argument(
         "--analysis",
         type=Path,
@@ -100,6 +100,32 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--entity", help="W&B entity (team or user)")
     p.add_argument("--mode", default="online", help="online | offline | disabled (online)")
     p.add_argument("--tags", default="", help="comma-separated tags")
+    p.add_argument("--figures", default="every_eval", help="every_eval | final | none (every_eval)")
+    p.add_argument(
+        "--checkpoint", default="final", help="final (the run dir as an artifact) | none"
+    )
+
+    p = subparsers.add_parser(
+        "pull",
+        help="load a decomposition back from a W&B run into a run dir (pd-train[wandb])",
+        description=(
+            "Download the pd-<RUN_ID> artifact that `pd-train run` (with tracking:) or "
+            "`pd-train track` logged: config, records, plots and the latest checkpoint, into a "
+            "run dir that `pd-train analyze` and `pd-train report` read. SOURCE is a W&B run "
+            "(wandb:ENTITY/PROJECT/runs/RUN_ID, or its URL) or, without a server, an offline "
+            "run directory (RUN_DIR/tracking/wandb/offline-run-TIME-RUN_ID)."
+        ),
+    )
+    p.add_argument("source", metavar="SOURCE")
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="the run dir (default ./outputs/wandb-RUN_ID)"
+    )
+
+
+RUN_DIR_HELP = (
+    "a run dir, or a W&B run (wandb:ENTITY/PROJECT/runs/RUN_ID) pulled first into "
+    "./outputs/wandb-RUN_ID (see `pd-train pull`)"
+)
 
 
 def _fail(message: str) -> int:
@@ -146,6 +172,9 @@ def analyze(args: argparse.Namespace) -> int:
         placement = placement_from_flags(args)
     except DistributedError as exc:
         return _fail(str(exc))
+    args.run_dir = _run_dir(args.run_dir)
+    if args.run_dir is None:
+        return 2
     problem = _analysis_out_problem(args.run_dir, args.out)
     if problem is not None:
         return _fail(problem)
@@ -192,6 +221,8 @@ def track(args: argparse.Namespace) -> int:
                 "entity": args.entity,
                 "mode": args.mode,
                 "tags": tags,
+                "figures": args.figures,
+                "checkpoint": args.checkpoint,
             }
         }
     elif isinstance(run_config, dict) and "tracking" in run_config:
@@ -207,16 +238,53 @@ def track(args: argparse.Namespace) -> int:
         except ImportError:
             return _fail("tracking needs wandb: pip install 'pd-train[wandb]'")
     result = sync_wandb(args.run_dir, config, run_config=run_config)
+    artifact = ""
+    if result.artifact is not None:
+        name, step = result.artifact
+        artifact = f", artifact {name}" + (f" (checkpoint {step})" if step is not None else "")
     print(
         f"W&B run {result.run_id} ({config.mode}): logged {result.logged_steps} steps, "
-        f"last step {result.last_step}"
+        f"last step {result.last_step}, {result.images} images{artifact}"
     )
+    return 0
+
+
+def _run_dir(text: str | Path) -> Path | None:
+    """RUN_DIR of analyze/report: a path, or a W&B run pulled first; None after printing why
+    a W&B run could not be pulled."""
+    from pd_train.analysis.wandb_io import PullError, run_dir_of
+
+    try:
+        return run_dir_of(text)
+    except PullError as exc:
+        _fail(str(exc))
+        return None
+
+
+def pull(args: argparse.Namespace) -> int:
+    from pd_train.analysis.wandb_io import PullError
+    from pd_train.analysis.wandb_io import pull as pull_run
+
+    if args.out is not None:
+        from pd_train._output_paths import directory_problem
+
+        problem = None if (args.out / "pulled.json").is_file() else directory_problem(args.out)
+        if problem is not None:
+            return _fail(f"--out: {problem}")
+    try:
+        out = pull_run(args.source, args.out)
+    except PullError as exc:
+        return _fail(str(exc))
+    print(f"pulled {args.source} into {out}; `pd-train analyze {out}`, `pd-train report {out}`")
     return 0
 
 
 def report(args: argparse.Namespace) -> int:
     from pd_train.analysis.report import ReportError, write_report
 
+    args.run_dir = _run_dir(args.run_dir)
+    if args.run_dir is None:
+        return 2
     problem = _report_out_problem(args.run_dir, args.out)
     if problem is not None:
         return _fail(problem)

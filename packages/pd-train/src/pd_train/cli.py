@@ -11,6 +11,7 @@ Subcommands:
   analyze  per-component density, mean CI and top contexts of a run's checkpoint (Parquet)
   report   one static HTML page of a run
   track    mirror a run's metrics.jsonl into a Weights & Biases run (pd-train[wandb])
+  pull     load a decomposition back from a W&B run into a run dir (pd-train[wandb])
   tokenize text files → a token .npy, with a GGUF checkpoint's tokenizer
 
 Exit codes: 0 success (also a run stopped by SIGTERM after saving: SLURM requeues it), 1 failure
@@ -222,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "analyze": _analyze,
         "report": _report,
         "track": _track,
+        "pull": _pull,
         "tokenize": _tokenize,
     }
     try:
@@ -440,6 +442,12 @@ def _track(args: argparse.Namespace) -> int:
     from pd_train import analyze_cli
 
     return analyze_cli.track(args)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from pd_train import analyze_cli
+
+    return analyze_cli.pull(args)
 
 
 if __name__ == "__main__":
