@@ -93,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help=(
+            "with --resume: accept a config.yaml that differs from the checkpoint's config in "
+            "pd.steps, cadence.*, tracking, runtime.compile_cache.* or "
+            "runtime.launch_env.profile.* (any other difference is refused)"
+        ),
+    )
+    p.add_argument(
         "--max-steps",
         type=_positive_int,
         help="stop after this many steps (>= 1; the schedule stays that of pd.steps)",
@@ -296,6 +305,8 @@ def _run(args: argparse.Namespace) -> int:
     from pd_train.distributed import DistributedError, placement_from_flags
 
     resume = args.resume
+    if args.allow_config_change and resume is None:
+        return _fail("--allow-config-change applies to --resume RUN_DIR only")
     if resume is not None:
         if args.overrides:
             return _fail("--resume takes the run's saved config; --set is not allowed with it")
@@ -333,13 +344,22 @@ def _run(args: argparse.Namespace) -> int:
     problem = runner.directory_problem(run_dir, base=Path.cwd())
     if problem is not None:
         return _fail(f"--run-dir {run_dir}: {problem}")
-    if resume is None and args.run_dir is not None:
-        try:
-            prepared = runner.resolve_run_dir(prepared, run_dir)
-        except runner.RunDirError as exc:
-            return _fail(str(exc))
-    rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
-    result = runner.execute(rt, run_dir=run_dir, max_steps=args.max_steps)
+    # The run dir's one owner, before anything is written there (process 0 writes its files).
+    try:
+        with runner.RunDirLock(run_dir, enabled=placement.is_primary):
+            if resume is None and args.run_dir is not None:
+                prepared = runner.resolve_run_dir(prepared, run_dir)
+            rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
+            result = runner.execute(
+                rt,
+                run_dir=run_dir,
+                max_steps=args.max_steps,
+                allow_config_change=args.allow_config_change,
+            )
+    except runner.RunDirError as exc:
+        return _fail(str(exc))
+    except runner.CheckpointWriteError as exc:
+        return _fail(str(exc), code=1)
     if placement.is_primary:
         print(result.summary)
     # Everything is written and closed: a one-process run without a tracker may skip the
