@@ -26,7 +26,7 @@ Modules (private; their public names are re-exported here):
 ``_programs.py``       :class:`StepProgram`: the train step compiled or loaded ahead
 ``_signals.py``        :class:`StopSignals`: SIGTERM / Ctrl-C at a step boundary
 ``_checkpointing.py``  :class:`Saver` (free space, stored config, partial saves removed),
-                       :func:`check_resume` (config drift, arrays against the state)
+                       :func:`restore_checked` (config drift, arrays against the state)
 ``_hooks.py``          :class:`Hook`, :class:`Cadence`, :class:`StepInfo`, one hook per duty
 ``_loop.py``           :func:`run_loop`: steps and hooks, nothing else
 ``_execute.py``        :func:`execute`: the pieces of a run assembled around the loop
@@ -37,12 +37,14 @@ from pd_train.run._checkpointing import (
     CONFIG_METADATA_KEY,
     RESUME_MAY_CHANGE,
     CheckpointWriteError,
+    Restored,
     ResumePoint,
     Saver,
     abstract_key_data,
     canonical_state,
     check_resume,
     replicated,
+    restore_checked,
     training_item,
 )
 from pd_train.run._execute import RunResult, execute
@@ -101,6 +103,7 @@ __all__ = [
     "LogHook",
     "PlotWorkersHook",
     "Prepared",
+    "Restored",
     "ResumePoint",
     "RunDirError",
     "RunDirLock",
@@ -130,6 +133,7 @@ __all__ = [
     "prepare",
     "replicated",
     "resolve_run_dir",
+    "restore_checked",
     "run_loop",
     "start_run_dir",
     "start_runtime",

@@ -264,6 +264,45 @@ def check_resume(
     return ResumePoint(step=step, config_yaml=stored)
 
 
+@dataclass
+class Restored:
+    """A checked checkpoint, restored: its step, the state and the run key."""
+
+    step: int
+    state: Any
+    run_key: Any
+    config_yaml: str | None
+
+
+def restore_checked(
+    checkpoints: Checkpoints, *, config: Any, trainer: Any, allow_config_change: bool = False
+) -> Restored:
+    """:func:`check_resume`, then the checkpoint restored onto the trainer's abstract state; an
+    array that cannot be read (a truncated file) is a ConfigError naming the checkpoint."""
+    import jax
+
+    from pd_train.step import TrainState
+
+    point = check_resume(
+        checkpoints, config=config, trainer=trainer, allow_config_change=allow_config_change
+    )
+    decomposition, training = abstract_items(trainer)
+    try:
+        params, training, step = checkpoints.restore(
+            decomposition=decomposition, training=training, step=point.step
+        )
+    except CheckpointError as exc:
+        raise ConfigError([(f"--resume {checkpoints.directory.parent}", str(exc))]) from None
+    state = TrainState(
+        step=training["step"],
+        params=params["params"],
+        opt_state=training["opt_state"],
+        adversary=training.get("adversary", {}),
+    )
+    run_key = jax.random.wrap_key_data(training["run_key"])
+    return Restored(step=step, state=state, run_key=run_key, config_yaml=point.config_yaml)
+
+
 def _check_config(stored: str, config: Any, *, where: str, step: int, allow: bool) -> None:
     from pd_train._config_io import unstructure
     from pd_train.run_config import load_config

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from pd_train.run._checkpointing import (
-    ResumePoint,
+    Restored,
     Saver,
-    abstract_items,
     canonical_state,
-    check_resume,
     replicated,
+    restore_checked,
 )
 from pd_train.run._hooks import (
     EvalHook,
@@ -61,8 +60,8 @@ def execute(
 ) -> RunResult:
     """Run (or resume) the decomposition in ``run_dir``; every process calls this.
 
-    A resume first checks its checkpoint (:func:`check_resume`: its config against
-    config.yaml, its arrays against the state) before anything is written. SIGTERM or Ctrl-C at
+    A resume first checks and restores its checkpoint (:func:`restore_checked`: its config
+    against config.yaml, its arrays against the state) before anything is written. SIGTERM or Ctrl-C at
     any point (also during setup or the warmup) stops the run after its next step, with a
     checkpoint, plots and a summary, and returns normally (``stop_signal`` says which); a
     second Ctrl-C aborts at once (exit 130).
@@ -73,14 +72,19 @@ def execute(
     checkpoints = Checkpoints(
         run_dir / "checkpoints", keep_last_n=config.cadence.keep_last_n_checkpoints
     )
-    resume = None
-    if rt.prepared.resume_dir is not None:
-        resume = check_resume(
-            checkpoints, config=config, trainer=rt.trainer, allow_config_change=allow_config_change
-        )
     plots = PlotWorkersHook(None)
     try:
         with StopSignals() as stop:
+            resume = None
+            if rt.prepared.resume_dir is not None:
+                # Checked and read before anything is written: a drifted config or a damaged
+                # checkpoint is an error (exit 2) that leaves the run dir as it was.
+                resume = restore_checked(
+                    checkpoints,
+                    config=config,
+                    trainer=rt.trainer,
+                    allow_config_change=allow_config_change,
+                )
             return _execute(rt, run_dir, checkpoints, resume, max_steps, stop, plots)
     finally:
         if rt.step_program is not None:
@@ -93,7 +97,7 @@ def _execute(
     rt: Runtime,
     run_dir: Path,
     checkpoints: Any,
-    resume: ResumePoint | None,
+    resume: Restored | None,
     max_steps: int | None,
     stop: StopSignals,
     plots: PlotWorkersHook,
@@ -221,35 +225,23 @@ def _load_target(rt: Runtime, recorder: Any) -> Any:
 def _initial_state(
     rt: Runtime,
     checkpoints: Any,
-    resume: ResumePoint | None,
+    resume: Restored | None,
     metrics_log: Any,
     recorder: Any,
     target: Any,
     step_program: StepProgram,
 ) -> tuple[Any, Any, int]:
-    """``(state, run key, first step)``: restored from the checked checkpoint (its records from
-    that step on dropped from metrics.jsonl), or fresh and warmed up; laid out as the step
-    expects (DESIGN decision 8)."""
+    """``(state, run key, first step)``: the restored checkpoint's (its records from that step
+    on dropped from metrics.jsonl), or fresh and warmed up; laid out as the step expects
+    (DESIGN decision 8)."""
     import jax
-
-    from pd_train.step import TrainState
 
     config, trainer = rt.prepared.config, rt.trainer
     run_key = replicated(trainer, jax.random.key(config.seed))
     start = 0
     with recorder.phase("init"):
         if resume is not None:
-            decomposition, training = abstract_items(trainer)
-            params, training, start = checkpoints.restore(
-                decomposition=decomposition, training=training, step=resume.step
-            )
-            state = TrainState(
-                step=training["step"],
-                params=params["params"],
-                opt_state=training["opt_state"],
-                adversary=training.get("adversary", {}),
-            )
-            run_key = jax.random.wrap_key_data(training["run_key"])
+            state, run_key, start = resume.state, resume.run_key, resume.step
             metrics_log.truncate_from(start)
         else:
             # Init and eval keys are folded with numbers no step reaches (steps fold 0, 1, ...).
