@@ -237,23 +237,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pd-train: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if argv is None and getattr(args, "exit_now", False):
-        exit_now(code)
+        exit_now(code, force=getattr(args, "exit_force", False))
     return code
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int, *, force: bool = False) -> None:
     """End the ``pd-train run`` program with ``code`` now, without the interpreter's teardown:
     after a run, JAX's exit hooks (clearing its caches and backends), the garbage collection of
     the run's objects and the freeing of ~1.5 GB of modules and buffers took ~1 s, after every
     file was already written and closed. Logging and stdout/stderr are flushed first. Returns
     (the normal exit follows) when a non-daemon thread is still running, whose work the
-    interpreter would wait for."""
+    interpreter would wait for — unless ``force`` (a run that failed: the threads of its
+    failed checkpoint would only add tracebacks)."""
     import contextlib
     import logging
     import threading
 
     others = [t for t in threading.enumerate() if t is not threading.current_thread()]
-    if any(not t.daemon and t.is_alive() for t in others):
+    if not force and any(not t.daemon and t.is_alive() for t in others):
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -359,6 +360,8 @@ def _run(args: argparse.Namespace) -> int:
     except runner.RunDirError as exc:
         return _fail(str(exc))
     except runner.CheckpointWriteError as exc:
+        # One line; orbax's threads of the failed save end with the process (exit_now).
+        args.exit_now = args.exit_force = True
         return _fail(str(exc), code=1)
     if placement.is_primary:
         print(result.summary)

@@ -11,9 +11,11 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,14 +156,20 @@ class Saver:
             return
         self._check_free_space(step, tree_nbytes((decomposition, training)))
         try:
-            self.checkpoints.save(
-                step,
-                decomposition=decomposition,
-                training=training,
-                custom_metadata={CONFIG_METADATA_KEY: self.config_yaml},
-            )
+            # A write error surfaces here, once: orbax's and tensorstore's threads would also
+            # print it, each with its traceback (what they print is kept back until the save
+            # ends, and passed on when it succeeded).
+            with _stderr_held() as held, _absl_quiet():
+                self.checkpoints.save(
+                    step,
+                    decomposition=decomposition,
+                    training=training,
+                    custom_metadata={CONFIG_METADATA_KEY: self.config_yaml},
+                )
+                held.succeeded = True
         except Exception as exc:
-            self._failed(step, exc)
+            with _stderr_held():
+                self._failed(step, exc)
         self.last_saved = step
         if self.on_saved is not None:
             self.on_saved(step)
@@ -188,6 +196,9 @@ class Saver:
             )
 
     def _failed(self, step: int, exc: BaseException) -> None:
+        # orbax's threads of the failed save end now (their errors repeat this one).
+        with _absl_quiet(), contextlib.suppress(Exception):
+            self.checkpoints.close()
         for partial in partial_saves(self.checkpoints.directory):
             shutil.rmtree(partial, ignore_errors=True)
         kept = (
@@ -199,9 +210,57 @@ class Saver:
         resume = f"; continue with `pd-train run --resume {run_dir}`" if self.last_saved else ""
         msg = (
             f"checkpoint at step {step} could not be written to {self.checkpoints.directory} "
-            f"({type(exc).__name__}: {exc}); the partial one was removed, {kept}{resume}"
+            f"({type(exc).__name__}: {str(exc)[:400]}); the partial one was removed, "
+            f"{kept}{resume}"
         )
         raise CheckpointWriteError(msg) from exc
+
+
+class _Held:
+    succeeded = False
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[_Held]:
+    """File descriptor 2 (what C++ threads print, too) goes to a temporary file meanwhile; it
+    is written to the real stderr afterwards if ``succeeded`` was set, else dropped."""
+    import sys
+    import tempfile
+
+    held = _Held()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+    except OSError:
+        yield held
+        return
+    os.dup2(spool.fileno(), 2)
+    try:
+        yield held
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if held.succeeded:
+            spool.seek(0)
+            with contextlib.suppress(OSError):
+                os.write(2, spool.read())
+        spool.close()
+
+
+@contextlib.contextmanager
+def _absl_quiet() -> Iterator[None]:
+    """orbax's log (the ``absl`` logger) silenced below CRITICAL meanwhile."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 # ---------------------------------------------------------------------------------------------
