@@ -303,6 +303,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pd_train import run as runner
+    from pd_train._config_io import ConfigError
     from pd_train.distributed import DistributedError, placement_from_flags
 
     resume = args.resume
@@ -358,6 +359,11 @@ def _run(args: argparse.Namespace) -> int:
                 allow_config_change=args.allow_config_change,
             )
     except runner.RunDirError as exc:
+        return _fail(str(exc))
+    except ConfigError as exc:
+        # E.g. a damaged checkpoint: orbax's coroutines of the failed read would add their
+        # tracebacks at the interpreter's exit (exit_now).
+        args.exit_now = args.exit_force = True
         return _fail(str(exc))
     except runner.CheckpointWriteError as exc:
         # One line; orbax's threads of the failed save end with the process (exit_now).

@@ -115,6 +115,13 @@ def tree_nbytes(tree: Any) -> int:
     )
 
 
+def disk_bytes(path: Path) -> int:
+    """Bytes allocated to a directory's files and subdirectories (0 if it is absent)."""
+    if not path.is_dir():
+        return 0
+    return sum(p.lstat().st_blocks * 512 for p in path.rglob("*"))
+
+
 def partial_saves(directory: Path) -> list[Path]:
     """Orbax's temporary directories of unfinished saves in a checkpoint directory."""
     if not directory.is_dir():
@@ -174,8 +181,13 @@ class Saver:
         if self.on_saved is not None:
             self.on_saved(step)
 
-    def _check_free_space(self, step: int, size: int) -> None:
+    def _check_free_space(self, step: int, array_bytes: int) -> None:
+        """Refuse a save that cannot fit, warn when the next one may not. A checkpoint's size:
+        the last one's on disk (its files' allocated blocks: metadata and small-file overhead
+        included), or before the first, its arrays' bytes."""
         directory = self.checkpoints.directory
+        last = directory / str(self.last_saved)
+        size = max(array_bytes, disk_bytes(last) if self.last_saved is not None else 0)
         existing = directory if directory.exists() else directory.parent
         free = shutil.disk_usage(existing).free
         gib = 2.0**30
@@ -346,12 +358,22 @@ def restore_checked(
         checkpoints, config=config, trainer=trainer, allow_config_change=allow_config_change
     )
     decomposition, training = abstract_items(trainer)
-    try:
-        params, training, step = checkpoints.restore(
-            decomposition=decomposition, training=training, step=point.step
-        )
-    except CheckpointError as exc:
-        raise ConfigError([(f"--resume {checkpoints.directory.parent}", str(exc))]) from None
+    error = None
+    # A damaged array is reported once, here: orbax's threads and coroutines would also print
+    # it, with tracebacks (held back, and passed on only after a successful restore).
+    with _stderr_held() as held, _absl_quiet():
+        try:
+            params, training, step = checkpoints.restore(
+                decomposition=decomposition, training=training, step=point.step
+            )
+            held.succeeded = True
+        except CheckpointError as exc:
+            error = str(exc)
+        import gc
+
+        gc.collect()  # the failed read's coroutines, while their complaints are held
+    if error is not None:
+        raise ConfigError([(f"--resume {checkpoints.directory.parent}", error)])
     state = TrainState(
         step=training["step"],
         params=params["params"],

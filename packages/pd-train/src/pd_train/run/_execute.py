@@ -4,13 +4,16 @@ a summary. Each piece is a function named for what it sets up."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pd_train.run._checkpointing import (
+    CheckpointWriteError,
     Restored,
     Saver,
     canonical_state,
@@ -87,8 +90,8 @@ def execute(
                 )
             return _execute(rt, run_dir, checkpoints, resume, max_steps, stop, plots)
     finally:
-        if rt.step_program is not None:
-            rt.step_program.cancel()  # a no-op once the run attached its recorder
+        if rt.step_program is not None:  # the run did not start: end the step's thread
+            rt.step_program.cancel(wait=True)
         if plots.workers is not None:
             plots.workers.close()  # a no-op once they rendered the plots
 
@@ -119,7 +122,7 @@ def _execute(
         mode="run",
         on_compile=compile_announcer() if primary else None,
     )
-    with recorder:
+    with _recorded(recorder):
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
         step_program = _step_program(rt, early, recorder, cache_dir)
         # What the rest of the run needs is imported while the step loads in its thread.
@@ -188,6 +191,19 @@ def _execute(
         summary=summary,
         stop_signal=stop.stop_signal if stop_hook.stopped else None,
     )
+
+
+@contextlib.contextmanager
+def _recorded(recorder: Any) -> Iterator[None]:
+    """``recorder`` entered; when a failed checkpoint (a full disk) leaves compile.json
+    unwritable too, the checkpoint's error is the one raised."""
+    try:
+        with recorder:
+            yield
+    except OSError as exc:
+        if isinstance(exc.__context__, CheckpointWriteError):
+            raise exc.__context__ from None
+        raise
 
 
 def _step_program(rt: Runtime, early: StepProgram | None, recorder: Any, cache_dir: Any) -> Any:

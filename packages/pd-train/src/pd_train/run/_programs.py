@@ -88,11 +88,15 @@ class StepProgram:
         self.recorder = recorder
         self._attached.set()
 
-    def cancel(self) -> None:
-        """End a thread still waiting for :meth:`attach` (the run did not start)."""
+    def cancel(self, *, wait: bool = False) -> None:
+        """End a thread still waiting for :meth:`attach` (the run did not start); ``wait``: and
+        join it (a load in progress finishes first: a process must not exit while XLA
+        deserializes in a thread)."""
         if not self._attached.is_set():
             self._cancelled = True
             self._attached.set()
+            if wait and self._thread is not None:
+                self._thread.join()
 
     def _build(self) -> None:
         import sys

@@ -107,7 +107,7 @@ def start_runtime(
         trainer.abstract_target(target_dtype(config))
     except pd_sharding.ShardingError as exc:
         if step_program is not None:
-            step_program.cancel()
+            step_program.cancel(wait=True)
         raise ConfigError([("runtime.mesh", str(exc))]) from None
     return Runtime(
         prepared=prepared,
