@@ -142,6 +142,7 @@ class Saver:
         config_yaml: str,
         last_saved: int | None = None,
         on_saved: Callable[[int], None] | None = None,
+        agree: Callable[[bool], bool] = bool,
     ) -> None:
         self.checkpoints = checkpoints
         self.trainer = trainer
@@ -149,6 +150,9 @@ class Saver:
         self.config_yaml = config_yaml
         self.last_saved = last_saved
         self.on_saved = on_saved
+        #: True on every process when any process's flag is (:func:`agreed`): a save that one
+        #: process refuses is refused by all, or the others would wait in orbax's collectives.
+        self.agree = agree
 
     def save(self, step: int, state: Any) -> None:
         import jax
@@ -191,7 +195,7 @@ class Saver:
         existing = directory if directory.exists() else directory.parent
         free = shutil.disk_usage(existing).free
         gib = 2.0**30
-        if free < size:
+        if self.agree(free < size):
             reason = (
                 f"{free / gib:.3g} GiB free on {existing}, the checkpoint needs about "
                 f"{size / gib:.3g} GiB"

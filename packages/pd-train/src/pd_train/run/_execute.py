@@ -35,7 +35,7 @@ from pd_train.run._prepare import load_target, target_dtype
 from pd_train.run._programs import StepProgram, compile_announcer
 from pd_train.run._run_dir import COMPILE_FILE, start_run_dir
 from pd_train.run._runtime import Runtime, configure_cache
-from pd_train.run._signals import StopSignals
+from pd_train.run._signals import StopSignals, agreed
 from pd_train.run_config import Config, to_yaml
 
 log = logging.getLogger("pd_train")
@@ -142,6 +142,7 @@ def _execute(
             config_yaml=to_yaml(config),
             last_saved=start if resume is not None else None,
             on_saved=stop.saved,
+            agree=lambda flag: agreed(flag, rt.placement),
         )
         tracker = _tracker(config, run_dir) if primary else None
         end = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
