@@ -14,6 +14,7 @@ import costs about a second that a run should not spend before its first step.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,16 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, *, decomposition: Any, training: Any) -> None:
-        """Write both items for ``step`` (a no-op if ``step`` is already saved)."""
+    def save(
+        self,
+        step: int,
+        *,
+        decomposition: Any,
+        training: Any,
+        custom_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write both items for ``step`` (a no-op if ``step`` is already saved);
+        ``custom_metadata`` (JSON values) is committed with them (:meth:`custom_metadata`)."""
         import orbax.checkpoint as ocp
 
         if step in self._manager.all_steps():
@@ -69,8 +78,50 @@ class Checkpoints:
             decomposition=ocp.args.StandardSave(decomposition),
             training=ocp.args.StandardSave(training),
         )
-        self._manager.save(step, args=args, force=True)
+        self._manager.save(step, args=args, force=True, custom_metadata=custom_metadata)
         self._manager.wait_until_finished()
+
+    def custom_metadata(self, step: int) -> dict[str, Any]:
+        """The ``custom_metadata`` saved with ``step`` ({} if none); a damaged metadata file is
+        a :class:`CheckpointError` naming it."""
+        path = self.directory / str(step) / "_CHECKPOINT_METADATA"
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            msg = f"{path} cannot be read ({type(exc).__name__}: {exc}); the checkpoint is damaged"
+            raise CheckpointError(msg) from None
+        custom = data.get("custom_metadata") if isinstance(data, dict) else None
+        return custom if isinstance(custom, dict) else {}
+
+    def item_arrays(self, step: int, item: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{array path: (shape, dtype)}`` of one item of ``step``, read from its metadata (no
+        array is read); paths join the tree's keys with dots (``params.V.q_proj``). A missing
+        or damaged item is a :class:`CheckpointError` naming the file."""
+        import orbax.checkpoint as ocp
+
+        directory = self.directory / str(step) / item
+        metadata_file = directory / "_METADATA"
+        if not metadata_file.is_file():
+            msg = f"{metadata_file} is missing; the checkpoint is damaged or incomplete"
+            raise CheckpointError(msg)
+        try:
+            json.loads(metadata_file.read_text())
+            metadata = ocp.StandardCheckpointer().metadata(directory)
+        except Exception as exc:  # orbax raises many kinds on a damaged file
+            msg = (
+                f"{metadata_file} cannot be read ({type(exc).__name__}: {exc}); the checkpoint "
+                "is damaged"
+            )
+            raise CheckpointError(msg) from None
+        tree = getattr(metadata, "item_metadata", metadata)
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {
+            tree_path_name(path): (tuple(leaf.shape), str(leaf.dtype))
+            for path, leaf in leaves
+            if hasattr(leaf, "shape")
+        }
 
     def restore(
         self, *, decomposition: Any, training: Any, step: int | None = None
@@ -94,7 +145,15 @@ class Checkpoints:
             decomposition=ocp.args.StandardRestore(decomposition),
             training=ocp.args.StandardRestore(training),
         )
-        restored = self._manager.restore(step, args=args)
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as exc:  # tensorstore and orbax raise many kinds on damaged data
+            msg = (
+                f"checkpoint {self.directory / str(step)} cannot be restored "
+                f"({type(exc).__name__}: {str(exc)[:500]}); the checkpoint is damaged or does "
+                "not match the run's state"
+            )
+            raise CheckpointError(msg) from exc
         return restored.decomposition, restored.training, step
 
     def close(self) -> None:
@@ -115,3 +174,16 @@ def abstract_like(tree: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
         tree,
     )
+
+
+def tree_path_name(path: Any) -> str:
+    """A pytree key path as dot-joined names (``opt_state.0.mu.V.q_proj``)."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)

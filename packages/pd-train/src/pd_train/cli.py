@@ -96,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help=(
+            "with --resume: accept a config.yaml that differs from the checkpoint's config in "
+            "pd.steps, cadence.*, tracking, runtime.compile_cache.* or "
+            "runtime.launch_env.profile.* (any other difference is refused)"
+        ),
+    )
+    p.add_argument(
         "--max-steps",
         type=positive_int,
         help="stop after this many steps (>= 1; the schedule stays that of pd.steps)",
@@ -236,23 +245,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pd-train: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if argv is None and getattr(args, "exit_now", False):
-        exit_now(code)
+        exit_now(code, force=getattr(args, "exit_force", False))
     return code
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int, *, force: bool = False) -> None:
     """End the ``pd-train run`` program with ``code`` now, without the interpreter's teardown:
     after a run, JAX's exit hooks (clearing its caches and backends), the garbage collection of
     the run's objects and the freeing of ~1.5 GB of modules and buffers took ~1 s, after every
     file was already written and closed. Logging and stdout/stderr are flushed first. Returns
     (the normal exit follows) when a non-daemon thread is still running, whose work the
-    interpreter would wait for."""
+    interpreter would wait for — unless ``force`` (a run that failed: the threads of its
+    failed checkpoint would only add tracebacks)."""
     import contextlib
     import logging
     import threading
 
     others = [t for t in threading.enumerate() if t is not threading.current_thread()]
-    if any(not t.daemon and t.is_alive() for t in others):
+    if not force and any(not t.daemon and t.is_alive() for t in others):
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -314,9 +324,12 @@ def _config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pd_train import run as runner
+    from pd_train._config_io import ConfigError
     from pd_train.distributed import DistributedError, placement_from_flags
 
     resume = args.resume
+    if args.allow_config_change and resume is None:
+        return _fail("--allow-config-change applies to --resume RUN_DIR only")
     if resume is not None:
         if args.overrides:
             return _fail("--resume takes the run's saved config; --set is not allowed with it")
@@ -351,13 +364,29 @@ def _run(args: argparse.Namespace) -> int:
     problem = runner.directory_problem(run_dir, base=Path.cwd())
     if problem is not None:
         return _fail(f"--run-dir {run_dir}: {problem}")
-    if resume is None and args.run_dir is not None:
-        try:
-            prepared = runner.resolve_run_dir(prepared, run_dir)
-        except runner.RunDirError as exc:
-            return _fail(str(exc))
-    rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
-    result = runner.execute(rt, run_dir=run_dir, max_steps=args.max_steps)
+    # The run dir's one owner, before anything is written there (process 0 writes its files).
+    try:
+        with runner.RunDirLock(run_dir, enabled=placement.is_primary):
+            if resume is None and args.run_dir is not None:
+                prepared = runner.resolve_run_dir(prepared, run_dir)
+            rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
+            result = runner.execute(
+                rt,
+                run_dir=run_dir,
+                max_steps=args.max_steps,
+                allow_config_change=args.allow_config_change,
+            )
+    except runner.RunDirError as exc:
+        return _fail(str(exc))
+    except ConfigError as exc:
+        # E.g. a damaged checkpoint: orbax's coroutines of the failed read would add their
+        # tracebacks at the interpreter's exit (exit_now).
+        args.exit_now = args.exit_force = True
+        return _fail(str(exc))
+    except runner.CheckpointWriteError as exc:
+        # One line; orbax's threads of the failed save end with the process (exit_now).
+        args.exit_now = args.exit_force = True
+        return _fail(str(exc), code=1)
     if placement.is_primary:
         print(result.summary)
     # Everything is written and closed: a one-process run without a tracker may skip the

@@ -1,0 +1,35 @@
+"""The run loop: steps from ``start`` to ``end``, the hooks after each (see
+:mod:`pd_train.run._hooks`). It knows nothing of targets, data or files: the step function,
+the hooks and the first state come in as arguments, so a toy run and a Llama run share it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pd_train.run._hooks import Hook, StepInfo
+
+#: ``step_fn(state, step) -> (state, metrics)``: runs step ``step`` (0-based) on its batch.
+StepFn = Callable[[Any, int], tuple[Any, Any]]
+
+
+def run_loop(
+    step_fn: StepFn, hooks: Sequence[Hook], *, state: Any, start: int, end: int
+) -> StepInfo:
+    """Run steps ``start .. end - 1`` (stopping early when a hook sets ``StepInfo.stop``);
+    after each, every hook whose cadence is due, in order; then every hook's ``close``.
+    Returns the position after the last step run (``step``: steps finished)."""
+    info = StepInfo(step=start, start=start, end=end, state=state)
+    while info.step < end:
+        for hook in hooks:
+            hook.before(info.step)
+        state, metrics = step_fn(info.state, info.step)
+        info = StepInfo(step=info.step + 1, start=start, end=end, state=state, metrics=metrics)
+        for hook in hooks:
+            if hook.cadence.due(info):
+                hook(info)
+        if info.stop:
+            break
+    for hook in hooks:
+        hook.close(info)
+    return info

@@ -1,0 +1,253 @@
+"""The train step (and the init, warm-up and eval programs) compiled ahead of time in a
+background thread, loaded from the executable cache when it holds them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pd_train")
+
+
+class StepProgram:
+    """The train step, compiled ahead of time in a background thread; call it like the step.
+
+    :meth:`start` lowers and compiles the step on the run's abstract state, target, batch and
+    key (:meth:`Trainer.lower_step`: the shardings the loop passes) while the main thread loads
+    the target, initializes the state and runs the faithfulness warmup; JAX's persistent cache
+    applies as before. With the compile cache on (in a single-process run) the compiled
+    program is also kept in an :class:`pd_train.runtime_env.ExecutableCache` beside it, keyed
+    by the step's configs, pd's source and the environment, so that a later launch loads it
+    without tracing or lowering. If building fails, or the program refuses the first step's
+    arguments, the step falls back to the trainer's jit (compiled at its first call) with a
+    warning.
+
+    Started without a recorder (``recorder=None``: :func:`start_runtime`, before the run dir
+    exists), the thread loads from the executable cache at once; a program that must be
+    compiled waits for :meth:`attach` so that its trace, lower and compile are recorded in
+    compile.json as before (:meth:`cancel` ends a thread whose run never started).
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        *,
+        target_dtype: Any,
+        recorder: Any,
+        cache_dir: Path | None,
+        announce: bool = False,
+    ) -> None:
+        import threading
+
+        from pd_train.runtime_env import EXECUTABLES_DIR, ExecutableCache, source_digest
+
+        self.trainer = trainer
+        self.target_dtype = target_dtype
+        self.recorder = recorder
+        self.announce = announce
+        self.cache_dir = cache_dir
+        self._attached = threading.Event()
+        if recorder is not None:
+            self._attached.set()
+        self._cancelled = False
+        #: Seconds the executable-cache load took (a hit), else None.
+        self.load_seconds: float | None = None
+        self.cache = (
+            ExecutableCache(cache_dir / EXECUTABLES_DIR)
+            if cache_dir is not None and ExecutableCache.usable()
+            else None
+        )
+        #: ``hit`` (loaded from the executable cache), ``miss`` (compiled and stored), ``miss,
+        #: not stored`` (served by JAX's persistent cache, or the source changed meanwhile),
+        #: ``off``.
+        self.outcome = "off" if self.cache is None else "miss"
+        self.compiled: Any = None
+        self.error: BaseException | None = None
+        self._thread: Any = None
+        self._joined = False
+        # The source as imported (read right after the imports): a file edited while this run
+        # starts changes the digest read after the compile, and nothing is stored.
+        self._source = source_digest() if self.cache is not None else ""
+        #: ``{init or warm-up jit name: executable-cache outcome}`` (see :meth:`init_programs`).
+        self.init_outcomes: dict[str, str] = {}
+
+    def key(self) -> str:
+        return trainer_program_key("train_step", self.trainer, self.target_dtype, self._source)
+
+    def start(self) -> None:
+        import threading
+
+        self._thread = threading.Thread(target=self._build, name="pd-train-step", daemon=True)
+        self._thread.start()
+
+    def attach(self, recorder: Any) -> None:
+        """Give a program started without a recorder the run's (entered) recorder: a compile
+        waiting for it proceeds inside its ``train_step`` phase."""
+        self.recorder = recorder
+        self._attached.set()
+
+    def cancel(self, *, wait: bool = False) -> None:
+        """End a thread still waiting for :meth:`attach` (the run did not start); ``wait``: and
+        join it (a load in progress finishes first: a process must not exit while XLA
+        deserializes in a thread)."""
+        if not self._attached.is_set():
+            self._cancelled = True
+            self._attached.set()
+            if wait and self._thread is not None:
+                self._thread.join()
+
+    def _build(self) -> None:
+        import sys
+
+        try:
+            key = self.key() if self.cache is not None else ""
+            if self.cache is not None:
+                # A load needs no recorder: it starts at once, also before the run's.
+                t0 = time.perf_counter()
+                self.compiled = self.cache.load(key)
+                if self.compiled is not None:
+                    self.outcome = "hit"
+                    self.load_seconds = time.perf_counter() - t0
+                    if self.announce:
+                        print(
+                            f"loading train_step (executable cache)… {self.load_seconds:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    return
+            self._attached.wait()
+            if self._cancelled:
+                return
+            with self.recorder.phase("train_step"):
+                self._compile(key)
+        except Exception as exc:  # reported at the first step, which falls back to the jit
+            self.error = exc
+
+    def _compile(self, key: str) -> None:
+        from pd_train.runtime_env import source_digest
+
+        lowered = self.trainer.lower_step(
+            batch_size=self.trainer.pd.batch_size,
+            seq_len=self.trainer.seq_len,
+            target_dtype=self.target_dtype,
+        )
+        if self.cache is None:
+            self.compiled = lowered.compile()
+        else:
+            self.compiled, stored = self.cache.compile_and_store(
+                key, lowered, unchanged=lambda: source_digest() == self._source
+            )
+            if not stored:
+                self.outcome = "miss, not stored"
+
+    def init_programs(self) -> Any:
+        """A :attr:`Trainer.programs` serving the init and warm-up jits from this program's
+        executable cache (None without one): each is loaded, or lowered, compiled and stored
+        (when compiled here, as the step), keyed by its name, the trainer's configs, the source
+        and its arguments' shapes, dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
+        if self.cache is None:
+            return None
+        from pd_train.runtime_env import ProgramOrJit, source_digest
+
+        cache = self.cache
+
+        def programs(name: str, jit: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            import jax
+
+            signature = jax.tree.map(
+                lambda a: (tuple(a.shape), str(a.dtype), repr(getattr(a, "sharding", None))),
+                (args, kwargs),
+            )
+            key = trainer_program_key(
+                f"{name} {jax.tree.structure((args, kwargs))} {signature}",
+                self.trainer,
+                self.target_dtype,
+                self._source,
+            )
+            compiled = cache.load(key)
+            outcome = "hit"
+            if compiled is None:
+                compiled, stored = cache.compile_and_store(
+                    key,
+                    jit.lower(*args, **kwargs),
+                    unchanged=lambda: source_digest() == self._source,
+                )
+                outcome = "miss" if stored else "miss, not stored"
+            self.init_outcomes[name] = outcome
+            return ProgramOrJit(name, compiled, jit)
+
+        return programs
+
+    def start_eval(self, evaluator: Any) -> None:
+        """Start ``evaluator``'s ahead-of-time compile (:meth:`Evaluator.compile_ahead`), with
+        this program's executable cache, source digest and recorder."""
+        from pd_train.runtime_env import source_digest
+
+        cache, key = self.cache, None
+        if cache is not None:
+            key = trainer_program_key("eval_metrics", self.trainer, self.target_dtype, self._source)
+        evaluator.compile_ahead(
+            target_dtype=self.target_dtype,
+            cache=cache,
+            key=key,
+            unchanged=lambda: source_digest() == self._source,
+            recorder=self.recorder,
+        )
+
+    def _join(self) -> None:
+        self._thread.join()
+        self._joined = True
+        self.recorder.note(train_step_executable_cache=self.outcome)
+        if self.load_seconds is not None:
+            # The hit's jit entry (no compiles); the load ran before the recorder was attached,
+            # so its seconds are a note.
+            with self.recorder.phase("train_step"):
+                pass
+            self.recorder.note(train_step_load_seconds=round(self.load_seconds, 3))
+        if self.compiled is None:
+            log.warning(
+                "train step: the ahead-of-time compile failed (%s: %s); compiling at the first "
+                "call instead",
+                type(self.error).__name__,
+                self.error,
+            )
+
+    def __call__(self, state: Any, target: Any, tokens: Any, key: Any) -> Any:
+        if not self._joined:
+            self._join()
+            if self.compiled is not None:
+                try:
+                    return self.compiled(state, target, tokens, key)
+                except (TypeError, ValueError) as exc:
+                    # The loop's arguments drifted from the trainer's abstract layout (a bug);
+                    # the jit still runs the step.
+                    log.warning("train step: the compiled program refused the arguments: %s", exc)
+                    self.compiled = None
+        if self.compiled is None:
+            return self.trainer.train_step(state, target, tokens, key)
+        return self.compiled(state, target, tokens, key)
+
+
+def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:
+    """The executable-cache key of the trainer's program ``name`` (``train_step``,
+    ``eval_metrics``): its static inputs (the trainer's configs, T, compiler options, mesh,
+    target dtype; its abstract arguments follow from them) and ``source``, a
+    :func:`pd_train.runtime_env.source_digest`."""
+    from pd_train.runtime_env import program_key
+
+    t = trainer
+    mesh = None if t.mesh is None else (dict(t.mesh.shape), t.mesh.devices.tolist())
+    return program_key(
+        name, t.model, t.pd, t.runtime, t.seq_len, t.compiler_options, mesh, str(target_dtype),
+        source=source,
+    )  # fmt: skip
+
+
+def compile_announcer(stream: Any = None) -> Any:
+    """A pd-probe ``on_compile`` callback that writes one line per compile to ``stream``
+    (default stderr): ``compiling train_step (cache miss)… 12.3 s``."""
+    from pd_probe import CompileAnnouncer
+
+    return CompileAnnouncer(stream)
