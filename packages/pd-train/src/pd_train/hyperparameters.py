@@ -392,7 +392,7 @@ def _walk(cls: type, prefix: str) -> Iterator[str]:
             # A union built from a registry (target kinds): the members' fields by name, each
             # once; ``type`` (which member) is a field of its own.
             seen: set[str] = set()
-            for member in tp.registered_configs():
+            for member in typing.cast(Any, tp).registered_configs():
                 for leaf in _walk(member, path):
                     if leaf not in seen:
                         seen.add(leaf)

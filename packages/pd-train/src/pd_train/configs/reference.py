@@ -203,7 +203,7 @@ class _Walk:
             return "any"
         if isinstance(tp, type) and "registered_configs" in vars(tp):
             # A union built from a registry (target kinds, ...): its base class lists them.
-            tp = typing.Union[tuple(tp.registered_configs())]  # noqa: UP007
+            tp = typing.Union[tuple(typing.cast(Any, tp).registered_configs())]  # noqa: UP007
         origin = typing.get_origin(tp)
         if origin in (typing.Union, types.UnionType):
             members = typing.get_args(tp)

@@ -57,7 +57,7 @@ class TargetConfig:
     """Base of every kind's ``target:`` config (attrs classes with a ``type`` field): the type
     a run config's ``target`` has. Structured by :func:`structure_target_config`.
 
-    The run reads ``checkpoint``, ``architecture`` and ``dtype`` of every kind; a kind whose
+    The run reads ``checkpoint``, ``architecture``, ``dtype`` and ``strict`` of every kind; a kind whose
     config has no such field inherits these class defaults (no checkpoint file, no architecture
     mapping, float32 weights)."""
 
@@ -65,9 +65,10 @@ class TargetConfig:
     checkpoint: str | None = None
     architecture: Any = None
     dtype: str = "float32"
+    strict: bool = True
 
     @classmethod
-    def registered_configs(cls) -> tuple[type, ...]:
+    def registered_configs(cls) -> tuple[Any, ...]:
         """The config class of every registered kind, by name (the members of the union)."""
         return tuple(kind.config for _, kind in sorted(_builtins().items()))
 
