@@ -108,9 +108,7 @@ def test_neuron_contributions_of_a_hand_case() -> None:
     # Two mlp_in components splitting w_in: c0 = [2, 0] (V col (1, 0), U 2), c1 = [0, 1].
     # f0: c0 gives 0.6·2·1 = 1.2, c1 0.8·1·1 = 0.8 -> c0; f1: c0 2·3 = 6, c1 0 -> c0.
     v, u = np.array([[[1.0, 0.0], [0.0, 1.0]]]), np.array([[[2.0], [1.0]]])
-    np.testing.assert_allclose(
-        component_neuron_contributions(embed, v, u, w_out), [[[1.2], [6.0]]]
-    )
+    np.testing.assert_allclose(component_neuron_contributions(embed, v, u, w_out), [[[1.2], [6.0]]])
 
 
 def test_ground_truth_table_and_plots(tmp_path: Path) -> None:

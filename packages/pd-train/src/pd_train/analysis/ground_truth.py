@@ -136,9 +136,7 @@ def alive_components(ci: np.ndarray, threshold: float = ALIVE_THRESHOLD) -> int:
     return int(np.sum(_check_2d(ci, "alive_components").max(axis=0) > threshold))
 
 
-def mmcs_ml2r(
-    w: np.ndarray, v: np.ndarray, u: np.ndarray, eps: float = 1e-12
-) -> dict[str, float]:
+def mmcs_ml2r(w: np.ndarray, v: np.ndarray, u: np.ndarray, eps: float = 1e-12) -> dict[str, float]:
     """MMCS and ML2R of a TMS ``linear1``: w [F, h] (row j: feature j's direction), the
     components' V [F, C] and U [C, h] (component c's row j is V[j, c]·U[c]). Returns
     ``mmcs``, ``ml2r`` and their standard deviations over the features (``*_std``,

@@ -296,7 +296,7 @@ def decompose(
         if on_step is not None and logged:
             host = jax.device_get(stacked)
             for j in logged:
-                on_step(j, jax.tree_util.tree_map(lambda a, j=j: a[j - i], host))
+                on_step(j, jax.tree_util.tree_map(lambda a, at=j - i: a[at], host))
         if on_eval is not None and eval_every and done % eval_every == 0:
             on_eval(done, state)
         if checkpoints is not None and (
@@ -670,7 +670,11 @@ def reproduced(toy: ToyConfig, metrics: Mapping[str, float]) -> bool:
 
 
 def write_plots(
-    toy: ToyConfig, trainer: Trainer, params: Any, weights: Any, ci: dict[str, np.ndarray],
+    toy: ToyConfig,
+    trainer: Trainer,
+    params: Any,
+    weights: Any,
+    ci: dict[str, np.ndarray],
     plots: Path,
 ) -> list[Path]:
     """The toy's PNGs: ``{name}_permuted_ci.png``, ``{name}_uv.png`` (V and U per site, in the
@@ -685,7 +689,10 @@ def write_plots(
         )
         for site in trainer.decomposition.sites
     }
-    paths = [plots / f"{toy.name}_permuted_ci.png", plot_uv(uv, plots / f"{toy.name}_uv.png", perms)]
+    paths = [
+        plots / f"{toy.name}_permuted_ci.png",
+        plot_uv(uv, plots / f"{toy.name}_uv.png", perms),
+    ]
     if isinstance(toy.target, TMSConfig) and toy.target.n_hidden == 2:
         paths.append(plot_tms_directions(weights, comps, ci, plots / f"{toy.name}_directions.png"))
     if isinstance(toy.target, ResidMLPConfig) and "mlp_in" in comps and "mlp_out" in comps:
