@@ -73,20 +73,21 @@ def run_table(name: str, seeds: list[int]) -> bool:
     return ok
 
 
-def step_rate(name: str, k: int, steps: int) -> tuple[float, float]:
-    """(steps/s, samples/s) of ``steps`` steps at K = ``k``, the first call (compile) excluded."""
+def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
+    """(steps/s, samples/s, steps per CPU s of this process) of ``steps`` steps at K = ``k``,
+    the first call (compile) excluded."""
     toy = toy_config(name)
     pd = attrs.evolve(toy.pd, steps=steps)
-    stamps: list[tuple[int, float]] = []
+    stamps: list[tuple[int, float, float]] = []
     log_every = max(k, (steps // 10) // k * k)
     run_toy(
         name, pd=pd, steps_per_call=k, log_every=log_every,
-        on_step=lambda i, _: stamps.append((i, time.perf_counter())),
+        on_step=lambda i, _: stamps.append((i, time.perf_counter(), time.process_time())),
         trainer=Trainer(make_target(toy), pd),
     )  # fmt: skip
-    (i0, t0), (i1, t1) = stamps[1], stamps[-1]
+    (i0, t0, c0), (i1, t1, c1) = stamps[1], stamps[-1]
     rate = (i1 - i0) / (t1 - t0)
-    return rate, rate * pd.batch_size
+    return rate, rate * pd.batch_size, (i1 - i0) / (c1 - c0)
 
 
 def main() -> None:
@@ -94,20 +95,25 @@ def main() -> None:
     parser.add_argument("--toys", nargs="+", default=list(PAPER), choices=sorted(TOYS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--rate-steps", type=int, default=2000)
-    parser.add_argument("--rate-toys", nargs="*", default=["tms_5_2"], choices=sorted(TOYS))
+    parser.add_argument(
+        "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=sorted(TOYS)
+    )
     args = parser.parse_args()
     ok = {name: run_table(name, args.seeds) for name in args.toys}
-    print("\n| toy | K | steps/s K=1 | samples/s K=1 | steps/s K | samples/s K | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "
+        "| steps/CPU s K | ratio (wall) | ratio (CPU) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ratios = {}
     for name in args.rate_toys:
         k = toy_config(name).steps_per_call
-        one, one_s = step_rate(name, 1, args.rate_steps)
-        many, many_s = step_rate(name, k, args.rate_steps)
+        one, one_s, one_c = step_rate(name, 1, args.rate_steps)
+        many, many_s, many_c = step_rate(name, k, args.rate_steps)
         ratios[name] = many / one
         print(
-            f"| {name} | {k} | {one:.0f} | {one_s:.3g} | {many:.0f} | {many_s:.3g} "
-            f"| {many / one:.1f}x |",
+            f"| {name} | {k} | {one:.0f} | {one_s:.3g} | {one_c:.0f} | {many:.0f} "
+            f"| {many_s:.3g} | {many_c:.0f} | {many / one:.1f}x | {many_c / one_c:.1f}x |",
             flush=True,
         )
     reproduced = sum(ok.get(n, False) or ok.get(f"{n}_fast", False) for n in PAPER)
