@@ -1,13 +1,23 @@
-"""Built-in toy decompositions: wall time, steps per second and the identity-CI error reached.
+"""The SPD paper's toys, decomposed with pd's built-in recipes and judged by the reference's
+metrics, beside the paper's values; then the K-step programs against one step per call.
 
-    .venv/bin/python benchmarks/toys.py [--seeds 0 1] [--toys tms_5_2]
+    .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
+        [--rate-steps 2000]
 
-Each toy is decomposed from its shipped pretrained weights with its built-in recipe
-(:data:`pd_train.targets.toys.TOYS`); the wall time includes the train step's compile. One row
-per (toy, seed); the table is what pd-train's README shows. ``CPU s`` is this process's CPU
-time (the wall time depends on what else runs on the machine). "recovered": every feature of
-every identity matrix has its own component (a residual MLP's ``mlp_out`` is dense: its alive
-components are reported, about d_mlp are expected).
+One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
+s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
+DenseCIError totals, alive components per site, reproduced) and a row with the paper's values
+and settings. "Reproduced": IdentityCIError 0 and DenseCIError 0 (the reference's tolerance
+0.1), and MMCS ≥ 0.99 for TMS, on every seed. Then
+
+    toys: N of 7 reproduced (paper settings for S of 7)
+    toy step: K-step programs R.Rx the steps/s of one step per call at tms_5_2
+
+where a toy counts as reproduced by its paper recipe or, failing that, its ``*_fast`` one, and
+S counts the toys reproduced at the paper's own settings. The step rate is measured after the
+first call (no compile): steps between the first and the last logged step over their wall
+time, at K = 1 and at the toy's K, for each toy in ``--toys``. The machine is shared: the
+wall times depend on what else runs; CPU s is this process's.
 """
 
 from __future__ import annotations
@@ -15,41 +25,103 @@ from __future__ import annotations
 import argparse
 import time
 
-from pd_train.targets.toys import TOYS, run_toy
+import attrs
+
+from pd_train.step import Trainer
+from pd_train.targets.toys import TOYS, make_target, run_toy, toy_config
+
+PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
+         "resid_mlp3")  # fmt: skip
+
+
+def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
+    return fmt.format(metrics[key]) if key in metrics else "—"
+
+
+def run_table(name: str, seeds: list[int]) -> bool:
+    """Decompose ``name`` on each seed, print its table; whether every seed reproduced."""
+    toy = toy_config(name)
+    print(f"\n### {name}" + (f" ({toy.deviation})" if toy.deviation else ""))
+    print(
+        "| seed | steps | batch | K | wall s | CPU s | steps/s | samples/s | MMCS | ML2R "
+        "| IdentityCIError | DenseCIError | alive | reproduced |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for seed in seeds:
+        cpu = time.process_time()
+        m, ci, _ = run_toy(name, seed=seed)
+        cpu = time.process_time() - cpu
+        alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive/{s}']:.0f}" for s in ci)
+        ok &= m["reproduced"] == 1.0
+        print(
+            f"| {seed} | {toy.pd.steps} | {toy.pd.batch_size} | {toy.steps_per_call} "
+            f"| {m['time_s']:.0f} | {cpu:.0f} | {m['steps_per_s']:.0f} | {m['samples_per_s']:.3g} "
+            f"| {_cell(m, 'gt/mmcs')} | {_cell(m, 'gt/ml2r')} "
+            f"| {_cell(m, 'gt/identity_ci_error', '{:.0f}')} "
+            f"| {_cell(m, 'gt/dense_ci_error', '{:.0f}')} | {alive} "
+            f"| {'yes' if m['reproduced'] else 'no'} |",
+            flush=True,
+        )
+    paper = TOYS[name.removesuffix("_fast")]
+    mmcs, ml2r = paper.paper.get("mmcs"), paper.paper.get("ml2r")
+    print(
+        f"| paper | {paper.pd.steps} | {paper.pd.batch_size} | | | | | "
+        f"| {'—' if mmcs is None else f'{mmcs:.3f}'} | {'—' if ml2r is None else f'{ml2r:.3f}'} "
+        "| 0 | 0 | | |"
+    )
+    return ok
+
+
+def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
+    """(steps/s, samples/s, steps per CPU s of this process) of ``steps`` steps at K = ``k``,
+    the first call (compile) excluded."""
+    toy = toy_config(name)
+    pd = attrs.evolve(toy.pd, steps=steps)
+    stamps: list[tuple[int, float, float]] = []
+    log_every = max(k, (steps // 10) // k * k)
+    run_toy(
+        name, pd=pd, steps_per_call=k, log_every=log_every,
+        on_step=lambda i, _: stamps.append((i, time.perf_counter(), time.process_time())),
+        trainer=Trainer(make_target(toy), pd),
+    )  # fmt: skip
+    (i0, t0, c0), (i1, t1, c1) = stamps[1], stamps[-1]
+    rate = (i1 - i0) / (t1 - t0)
+    return rate, rate * pd.batch_size, (i1 - i0) / (c1 - c0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--toys", nargs="+", default=sorted(TOYS), choices=sorted(TOYS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    args = parser.parse_args()
-    print(
-        "| toy | seed | steps | wall s (incl. compile) | CPU s | steps/s "
-        "| per matrix: features recovered, identity-CI error (dense: alive components) "
-        "| recovered |"
+    parser.add_argument("--toys", nargs="+", default=list(PAPER), choices=sorted(TOYS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--rate-steps", type=int, default=2000)
+    parser.add_argument(
+        "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=sorted(TOYS)
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.toys:
-        for seed in args.seeds:
-            cpu = time.process_time()
-            metrics, ci, _ = run_toy(name, seed=seed)
-            cpu = time.process_time() - cpu
-            cells, recovered = [], True
-            for site in ci:
-                if f"gt/recovered/{site}" in metrics:
-                    frac = metrics[f"gt/features_recovered/{site}"]
-                    err = metrics[f"gt/identity_ci_error/{site}"]
-                    cells.append(f"{site} {frac:.0%}, {err:.3f}")
-                    recovered &= metrics[f"gt/recovered/{site}"] == 1.0
-                else:
-                    cells.append(f"{site} dense: {metrics[f'gt/alive/{site}']:.0f} alive")
-            steps = TOYS[name].pd.steps
-            print(
-                f"| {name} | {seed} | {steps} | {metrics['time_s']:.1f} | {cpu:.1f} | "
-                f"{metrics['steps_per_s']:.0f} | {'; '.join(cells)} | "
-                f"{'yes' if recovered else 'no'} |",
-                flush=True,
-            )
+    args = parser.parse_args()
+    ok = {name: run_table(name, args.seeds) for name in args.toys}
+    print(
+        "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "
+        "| steps/CPU s K | ratio (wall) | ratio (CPU) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    ratios = {}
+    for name in args.rate_toys:
+        k = toy_config(name).steps_per_call
+        one, one_s, one_c = step_rate(name, 1, args.rate_steps)
+        many, many_s, many_c = step_rate(name, k, args.rate_steps)
+        ratios[name] = many / one
+        print(
+            f"| {name} | {k} | {one:.0f} | {one_s:.3g} | {one_c:.0f} | {many:.0f} "
+            f"| {many_s:.3g} | {many_c:.0f} | {many / one:.1f}x | {many_c / one_c:.1f}x |",
+            flush=True,
+        )
+    reproduced = sum(ok.get(n, False) or ok.get(f"{n}_fast", False) for n in PAPER)
+    at_paper = sum(ok.get(n, False) for n in PAPER)
+    print(f"\ntoys: {reproduced} of 7 reproduced (paper settings for {at_paper} of 7)")
+    if "tms_5_2" in ratios:
+        ratio = ratios["tms_5_2"]
+        print(f"toy step: K-step programs {ratio:.1f}x the steps/s of one step per call at tms_5_2")
 
 
 if __name__ == "__main__":

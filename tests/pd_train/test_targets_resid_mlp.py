@@ -13,7 +13,9 @@ from pd_train.config import ConfigError, DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.targets.resid_mlp import ResidMLPConfig, ResidMLPTarget, resid_mlp_features
 
-TARGET = ResidMLPTarget(config=ResidMLPConfig(n_features=6, d_embed=8, d_mlp=4, n_layers=3))
+TARGET = ResidMLPTarget(
+    config=ResidMLPConfig(n_features=6, d_embed=8, d_mlp=4, n_layers=3, bias=True)
+)
 
 
 def test_resid_mlp_kinds_stack_over_layers() -> None:
@@ -35,6 +37,21 @@ def test_resid_mlp_kinds_stack_over_layers() -> None:
     ]
     with pytest.raises(ConfigError, match=r"target\.d_mlp"):
         ResidMLPTarget(config=ResidMLPConfig(n_features=6, d_embed=8, d_mlp=0))
+    with pytest.raises(ConfigError, match=r"target\.bias"):
+        ResidMLPTarget(config=ResidMLPConfig(n_features=6, d_embed=8, d_mlp=2, bias=1))  # type: ignore[arg-type]
+
+
+def test_resid_mlp_has_no_biases_unless_asked() -> None:
+    """The paper's residual MLPs have none: h + ReLU(h W_in) W_out, read back with Eᵀ."""
+    target = ResidMLPTarget(config=ResidMLPConfig(n_features=3, d_embed=4, d_mlp=2))
+    params = target.init_params(key=jax.random.key(0))
+    assert sorted(params["layers"]) == ["mlp_in", "mlp_out"]
+    x = jnp.array([[0.5, -1.0, 0.0]])
+    e, w_in, w_out = (np.asarray(a, np.float64) for a in (
+        params["embed"], params["layers"]["mlp_in"][0], params["layers"]["mlp_out"][0]))  # fmt: skip
+    h = x @ e
+    expected = (h + np.maximum(h @ w_in, 0.0) @ w_out) @ e.T
+    np.testing.assert_allclose(target.forward(params, x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("live_dynamic", [False, True])

@@ -6,8 +6,10 @@ again)::
     toy: tms_5_2            # a built-in toy: its target, shipped weights and recipe
     seed: 0                 # the decomposition's run key
     target: {type: tms, n_features: 5, n_hidden: 2, n_hidden_layers: 0, tied_weights: true}
-    pd: {steps: 2000, batch_size: 256, ...}   # the decomposition recipe: a full PDConfig
-    log_every: 100          # steps between loss records in metrics.jsonl
+    pd: {steps: 40000, batch_size: 4096, ...}   # the decomposition recipe: a full PDConfig
+    steps_per_call: 100     # K: steps per dispatched program (a lax.scan over K steps)
+    log_every: 2000         # steps between loss records in metrics.jsonl (a multiple of K)
+    eval_every: 0           # steps between ground-truth eval records (0: at the end only)
 
 ``target`` describes the shipped weights and must agree with them (it is checked, not applied).
 ``pd`` is the toy's recipe (:class:`~pd_train.config.PDConfig`, the same fields as a Llama run's
@@ -39,7 +41,7 @@ __all__ = [
     "toy_pd_config",
 ]
 
-_TOP_KEYS = ("toy", "seed", "target", "pd", "log_every")
+_TOP_KEYS = ("toy", "seed", "target", "pd", "steps_per_call", "log_every", "eval_every")
 _TARGET_TYPES = ("tms", "resid_mlp")
 
 
@@ -72,12 +74,15 @@ def _defaults(name: str) -> dict[str, Any]:
     from pd_train.targets.toys import toy_config
 
     toy = toy_config(name)
+    k = toy.steps_per_call
     return {
         "toy": name,
         "seed": 0,
         "target": {"type": toy.target_type, **attrs.asdict(toy.target)},
         "pd": unstructure(toy.pd),
-        "log_every": max(1, toy.pd.steps // 20),
+        "steps_per_call": k,
+        "log_every": max(k, toy.pd.steps // 20 // k * k),
+        "eval_every": 0,
     }
 
 
@@ -140,8 +145,18 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
         seed = raw[key]
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             problems.append((key, f"got {seed!r}; must be an int >= 0"))
-    if not _positive(raw["log_every"]):
-        problems.append(("log_every", f"got {raw['log_every']!r}; must be an int >= 1"))
+    for key in ("steps_per_call", "log_every"):
+        if not _positive(raw[key]):
+            problems.append((key, f"got {raw[key]!r}; must be an int >= 1"))
+    every = raw["eval_every"]
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        problems.append(("eval_every", f"got {every!r}; must be an int >= 0"))
+    elif _positive(raw["steps_per_call"]):
+        k = raw["steps_per_call"]
+        for key in ("log_every", "eval_every"):
+            if _positive(raw[key]) and raw[key] % k:
+                msg = f"got {raw[key]}; must be a multiple of steps_per_call ({k})"
+                problems.append((key, msg))
     if not isinstance(raw["pd"], dict):
         problems.append(("pd", f"got {raw['pd']!r}; must be a mapping (a PDConfig)"))
     target, shipped = raw["target"], _defaults(name)["target"]
@@ -205,7 +220,6 @@ def run_toy_cli(
 ) -> tuple[Path, str]:
     """Decompose a toy into ``run_dir`` (refused if it already holds files); returns the run dir
     and the summary text."""
-    import jax
     import numpy as np
     import yaml
 
@@ -223,14 +237,15 @@ def run_toy_cli(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
-    every = raw["log_every"]
     with (run_dir / "metrics.jsonl").open("w") as log:
 
         def on_step(i: int, metrics: dict[str, Any]) -> None:
-            if i % every == 0 or i == n_steps - 1:
-                record = {"step": i, **_flat(jax.device_get(metrics))}
-                log.write(json.dumps(record) + "\n")
-                log.flush()
+            log.write(json.dumps({"step": i, **_flat(metrics)}) + "\n")
+            log.flush()
+
+        def on_eval(n: int, gt: dict[str, float]) -> None:
+            log.write(json.dumps({"step": n - 1, "eval": True, **gt}) + "\n")
+            log.flush()
 
         result, ci, _ = run_toy(
             name,
@@ -238,33 +253,42 @@ def run_toy_cli(
             pd=pd,
             on_step=on_step,
             max_steps=n_steps,
+            steps_per_call=raw["steps_per_call"],
+            log_every=raw["log_every"],
+            eval_every=raw["eval_every"],
+            on_eval=on_eval,
             plots=run_dir / "plots",
         )
         gt = {k: v for k, v in result.items() if k.startswith("gt/")}
-        eval_record = {"step": n_steps - 1, "eval": True, **gt}
-        log.write(json.dumps(eval_record) + "\n")
+        if not raw["eval_every"] or n_steps % raw["eval_every"]:
+            on_eval(n_steps, gt)
     elapsed = result["time_s"]
     summary = {
         "toy": name,
         "steps": n_steps,
         "time_s": elapsed,
-        "steps_per_s": n_steps / elapsed,
+        "steps_per_s": result["steps_per_s"],
+        "samples_per_s": result["samples_per_s"],
+        "reproduced": bool(result["reproduced"]),
         **gt,
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"{name}: {n_steps} steps in {elapsed:.1f} s ({n_steps / elapsed:.1f} steps/s)"]
+    lines = [
+        f"{name}: {n_steps} steps in {elapsed:.1f} s ({result['steps_per_s']:.1f} steps/s, "
+        f"K = {raw['steps_per_call']})"
+    ]
+    if "gt/mmcs" in gt:
+        lines.append(f"  linear1: MMCS {gt['gt/mmcs']:.3f}, ML2R {gt['gt/ml2r']:.3f}")
     for site in ci:
         line = f"  {site}: alive {gt[f'gt/alive/{site}']:.0f}"
-        if f"gt/recovered/{site}" in gt:
-            recovered = "yes" if gt[f"gt/recovered/{site}"] else "no"
-            line += (
-                f", identity-CI error {gt[f'gt/identity_ci_error/{site}']:.3f}, features "
-                f"recovered {gt[f'gt/features_recovered/{site}']:.0%}, all {recovered}"
-            )
-        else:
-            line += " (dense: no one-component-per-feature ground truth)"
+        if f"gt/identity_ci_error/{site}" in gt:
+            line += f", IdentityCIError {gt[f'gt/identity_ci_error/{site}']:.0f}"
+        if f"gt/dense_ci_error/{site}" in gt:
+            line += f", DenseCIError {gt[f'gt/dense_ci_error/{site}']:.0f}"
         lines.append(line)
+    verdict = "yes" if result["reproduced"] else "no"
+    lines.append(f"reproduced by the reference's criteria: {verdict}")
     lines.append(f"run dir: {run_dir}")
     text = "\n".join(lines) + "\n"
     (run_dir / "summary.txt").write_text(text)
@@ -305,7 +329,7 @@ def pretrain_toy_cli(
         have = ", ".join(f"builtin:{n}" for n in _toy_names())
         raise ConfigError([("config", f"no built-in toy {name!r}; have {have}")])
     toy = toy_config(name)
-    shipped_path = _weights_path(name)
+    shipped_path = _weights_path(toy.weights)
     shipped = load_weights(shipped_path) if shipped_path.exists() else None
     if check and shipped is None:
         raise ConfigError([("--check", f"no shipped weights for {name} at {shipped_path}")])

@@ -7,7 +7,9 @@ output. The true mechanism is known: feature i is read by row i of W1 and writte
 W2, so a right decomposition has one component per feature in each matrix.
 
 :func:`sparse_features` draws the data on device from a key; :func:`pretrain` trains the target
-(Adam on ``‖out − x‖²``) deterministically from a seed.
+as the SPD paper's appendix does (AdamW, wd 0.01, constant lr, on ``(out − x)²``)
+deterministically from a seed. The paper's +ID models have one hidden layer fixed to the
+identity (``n_hidden_layers=1``, pretrained with ``fixed_identity_hidden``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import optax
 
 from pd_train.targets.base import Linear
 
-__all__ = ["TMSConfig", "TMSTarget", "pretrain", "sparse_features"]
+__all__ = ["TMSConfig", "TMSTarget", "pretrain", "reference_init", "sparse_features"]
 
 DataMode = Literal["at_least_zero_active", "exactly_one_active"]
 
@@ -154,29 +156,63 @@ def sparse_features(
     return jnp.where(on, values, 0.0)
 
 
+def reference_init(
+    target: TMSTarget, *, key: jax.Array, zero_bias: bool, fixed_identity_hidden: bool
+) -> dict[str, Any]:
+    """The reference's initial TMS params (torch ``nn.Linear`` defaults): weights U(±1/√fan_in),
+    the output bias U(±1/√n_hidden) (zero with ``zero_bias``), hidden layers the identity with
+    ``fixed_identity_hidden``; W2 = W1ᵀ when tied. Layout as :meth:`TMSTarget.init_params`."""
+    cfg = target.config
+    shapes = target.site_shapes()
+    keys = jax.random.split(key, len(shapes) + 1)
+    layers = {}
+    for k, (kind, (d_in, d_out)) in zip(keys[:-1], shapes.items(), strict=True):
+        bound = 1.0 / d_in**0.5
+        layers[kind] = jax.random.uniform(k, (1, d_in, d_out), minval=-bound, maxval=bound)
+    if fixed_identity_hidden:
+        for kind in target.kinds[1:-1]:
+            layers[kind] = jnp.eye(cfg.n_hidden)[None]
+    if cfg.tied_weights:
+        layers["linear2"] = jnp.swapaxes(layers["linear1"], 1, 2)
+    bound = 1.0 / cfg.n_hidden**0.5
+    bias = jax.random.uniform(keys[-1], (cfg.n_features,), minval=-bound, maxval=bound)
+    return {"layers": layers, "b_final": jnp.zeros_like(bias) if zero_bias else bias}
+
+
 def pretrain(
     target: TMSTarget,
     *,
     seed: int,
-    steps: int = 5000,
+    steps: int = 10_000,
     batch_size: int = 1024,
     lr: float = 5e-3,
+    schedule: Literal["constant", "cosine"] = "constant",
+    weight_decay: float = 0.01,
     feature_probability: float = 0.05,
     mode: DataMode = "at_least_zero_active",
+    zero_bias: bool = False,
+    fixed_identity_hidden: bool = False,
 ) -> tuple[dict[str, Any], float]:
-    """Train a TMS model on ``‖out − x‖²`` (mean) with Adam and a cosine schedule; deterministic
+    """Train a TMS model on ``mean (out − x)²`` with AdamW (``weight_decay`` on every trained
+    array, as torch's AdamW) at a ``constant`` or ``cosine`` (to 0) lr, from
+    :func:`reference_init`; the paper's appendix: 10k steps, constant 5e-3, wd 0.01. With
+    ``fixed_identity_hidden`` the hidden layers stay the identity (the +ID models). Deterministic
     from ``seed`` (on one backend). Returns the params (fp32, numpy) and the final loss."""
     cfg = target.config
     init_key, data_key = jax.random.split(jax.random.key(seed))
-    full = target.init_params(key=init_key)
-    trainable = {
-        k: v for k, v in full["layers"].items() if not (cfg.tied_weights and k == "linear2")
-    }
+    full = reference_init(
+        target, key=init_key, zero_bias=zero_bias, fixed_identity_hidden=fixed_identity_hidden
+    )
+    frozen = {"linear2"} if cfg.tied_weights else set()
+    if fixed_identity_hidden:
+        frozen |= set(target.kinds[1:-1])
+    trainable = {k: v for k, v in full["layers"].items() if k not in frozen}
     trainable = {"layers": trainable, "b_final": full["b_final"]}
-    tx = optax.adam(optax.cosine_decay_schedule(lr, steps))
+    rate = lr if schedule == "constant" else optax.cosine_decay_schedule(lr, steps)
+    tx = optax.adamw(rate, weight_decay=weight_decay)
 
     def expand(p: Any) -> Any:
-        layers = dict(p["layers"])
+        layers = {**full["layers"], **p["layers"]}
         if cfg.tied_weights:
             layers["linear2"] = jnp.swapaxes(layers["linear1"], 1, 2)
         return {"layers": layers, "b_final": p["b_final"]}

@@ -1,0 +1,312 @@
+"""Ground-truth metrics of toy decompositions, defined as the SPD paper and its reference
+(goodfire-ai/spd) define them.
+
+CI matrices here are one-hot CIs: ``ci [n_features, C]``, row i the lower-leaky CI of every
+component of one site on the input 0.75·e_i (the reference's ``input_magnitude``).
+
+- :func:`identity_ci_error` (the reference's ``IdentityCIError`` for one site): permute the
+  columns so each feature's best component sits on the diagonal (Hungarian, or greedy when the
+  matrix's smaller side is ≥ 500), then count the entries off by more than ``tolerance``: off
+  the diagonal above ``tolerance``, on the diagonal below ``1 − tolerance``. 0 = one component
+  per feature, fully on, every other off.
+- :func:`dense_ci_error` (``DenseCIError``, the reference's ``DenseCIPattern``): sort the
+  columns by their CI mass; each of the first ``k`` columns missing a strong (≥ 1 − tolerance)
+  entry counts 1, every entry above ``tolerance`` in the other columns counts 1.
+- :func:`mmcs_ml2r` (paper Table 1): over the feature rows ``W_j`` of a TMS ``linear1``
+  ([n_features, n_hidden] in pd's ``x @ W`` layout), the max over components of the cosine
+  between ``V[j, c]·U[c]`` and ``W_j`` (MMCS, mean over j), and the norm ratio
+  ``‖V[j, mcs(j)]·U[mcs(j)]‖ / ‖W_j‖`` at the best component (ML2R, mean over j).
+- :func:`alive_components`: components some one-hot input activates above the reference's
+  ``ci_alive_threshold`` (0.1).
+- :func:`neuron_contributions`, :func:`component_neuron_contributions`: the residual MLP's
+  per-neuron contributions (paper, "Toy Model of Compressed Computation"), and their
+  scatter plot :func:`plot_neuron_contributions`.
+- :func:`plot_permuted_ci` and :func:`plot_uv`: the permuted one-hot CI matrices and the V, U
+  matrices per site in the same column order, as the reference draws them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ALIVE_THRESHOLD",
+    "TOLERANCE",
+    "alive_components",
+    "component_neuron_contributions",
+    "dense_ci_error",
+    "ground_truth_table",
+    "identity_ci_error",
+    "mmcs_ml2r",
+    "neuron_contributions",
+    "permute_to_dense",
+    "permute_to_identity",
+    "plot_neuron_contributions",
+    "plot_permuted_ci",
+    "plot_uv",
+]
+
+#: The reference's tolerance of IdentityCIError / DenseCIError.
+TOLERANCE = 0.1
+#: The reference's ``ci_alive_threshold``.
+ALIVE_THRESHOLD = 0.1
+#: At or above this smaller side the identity permutation is greedy (the reference's ``auto``).
+_HUNGARIAN_BELOW = 500
+
+
+def _check_2d(ci: np.ndarray, what: str) -> np.ndarray:
+    ci = np.asarray(ci, dtype=np.float64)
+    if ci.ndim != 2:
+        msg = f"{what}: a CI matrix [n_features, C] is 2-d, got shape {ci.shape}"
+        raise ValueError(msg)
+    return ci
+
+
+def permute_to_identity(ci: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ci[:, perm], perm)``: perm's first min(F, C) entries put feature i's assigned
+    component in column i (Hungarian assignment maximizing the summed CI of the first
+    min(F, C) rows; greedy, feature by feature, when min(F, C) ≥ 500), then the unassigned
+    components in increasing order. ci [F, C] -> [F, C], perm [C]."""
+    from scipy.optimize import linear_sum_assignment
+
+    ci = _check_2d(ci, "permute_to_identity")
+    n, c = ci.shape
+    rows = min(n, c)
+    if rows < _HUNGARIAN_BELOW:
+        _, cols = linear_sum_assignment(-ci[:rows])
+        chosen = [int(x) for x in cols]
+    else:
+        chosen, used = [], set()
+        for i in range(rows):
+            order = np.argsort(-ci[i], kind="stable")
+            pick = next((int(j) for j in order if int(j) not in used), int(order[0]))
+            chosen.append(pick)
+            used.add(pick)
+    rest = sorted(set(range(c)) - set(chosen))
+    perm = np.asarray(chosen + rest, dtype=np.int64)
+    return ci[:, perm], perm
+
+
+def permute_to_dense(ci: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ci[:, perm], perm)`` with the columns in decreasing order of their CI sum."""
+    ci = _check_2d(ci, "permute_to_dense")
+    perm = np.argsort(-ci.sum(axis=0), kind="stable")
+    return ci[:, perm], perm
+
+
+def identity_ci_error(ci: np.ndarray, tolerance: float = TOLERANCE) -> int:
+    """The reference's IdentityCIError of one site: entries of the identity-permuted ci [F, C]
+    (C ≥ F) off by more than ``tolerance`` from [I | 0]."""
+    ci = _check_2d(ci, "identity_ci_error")
+    n, c = ci.shape
+    if c < n:
+        msg = f"identity_ci_error: {c} components cannot give each of {n} features its own"
+        raise ValueError(msg)
+    permuted, _ = permute_to_identity(ci)
+    diag = np.diagonal(permuted[:, :n])
+    off = permuted.copy()
+    off[np.arange(n), np.arange(n)] = 0.0
+    return int(np.sum(off > tolerance) + np.sum(diag < 1.0 - tolerance))
+
+
+def dense_ci_error(
+    ci: np.ndarray, k: int, tolerance: float = TOLERANCE, min_entries: int = 1
+) -> int:
+    """The reference's DenseCIError of one site (``DenseCIPattern(k)``): with the columns of
+    ci [F, C] sorted by CI mass, the strong (≥ 1 − tolerance) entries the first ``k`` columns
+    lack (each needs ``min_entries``) plus the entries above ``tolerance`` in the others."""
+    ci = _check_2d(ci, "dense_ci_error")
+    if ci.shape[1] < k:
+        msg = f"dense_ci_error: k={k} dense components asked of {ci.shape[1]}"
+        raise ValueError(msg)
+    permuted, _ = permute_to_dense(ci)
+    strong = (permuted >= 1.0 - tolerance).sum(axis=0)
+    missing = np.clip(min_entries - strong[:k], 0, None).sum()
+    extra = (permuted[:, k:] > tolerance).sum()
+    return int(missing + extra)
+
+
+def alive_components(ci: np.ndarray, threshold: float = ALIVE_THRESHOLD) -> int:
+    """Components that some one-hot input activates above ``threshold``; ci [F, C]."""
+    return int(np.sum(_check_2d(ci, "alive_components").max(axis=0) > threshold))
+
+
+def mmcs_ml2r(w: np.ndarray, v: np.ndarray, u: np.ndarray, eps: float = 1e-12) -> dict[str, float]:
+    """MMCS and ML2R of a TMS ``linear1``: w [F, h] (row j: feature j's direction), the
+    components' V [F, C] and U [C, h] (component c's row j is V[j, c]·U[c]). Returns
+    ``mmcs``, ``ml2r`` and their standard deviations over the features (``*_std``,
+    population)."""
+    w, v, u = (np.asarray(a, dtype=np.float64) for a in (w, v, u))
+    sub = v.T[:, :, None] * u[:, None, :]  # [C, F, h]
+    sub_n = sub / (np.linalg.norm(sub, axis=-1, keepdims=True) + eps)
+    w_n = w / (np.linalg.norm(w, axis=-1, keepdims=True) + eps)
+    cos = np.einsum("cfh,fh->cf", sub_n, w_n)  # [C, F]
+    best = cos.argmax(axis=0)
+    max_cos = cos.max(axis=0)
+    ratio = np.linalg.norm(sub[best, np.arange(w.shape[0])], axis=-1) / np.linalg.norm(w, axis=-1)
+    return {
+        "mmcs": float(max_cos.mean()),
+        "mmcs_std": float(max_cos.std()),
+        "ml2r": float(ratio.mean()),
+        "ml2r_std": float(ratio.std()),
+    }
+
+
+def neuron_contributions(embed: np.ndarray, w_in: np.ndarray, w_out: np.ndarray) -> np.ndarray:
+    """The target's neuron contributions [L, F, d_mlp]: per layer, (E w_in)[i] ⊙ (w_out Eᵀ)[:, i]
+    for embed E [F, d_embed], w_in [L, d_embed, d_mlp], w_out [L, d_mlp, d_embed] (unembedding
+    Eᵀ)."""
+    into = np.einsum("fd,ldm->lfm", embed, w_in)
+    out = np.einsum("lmd,fd->lfm", w_out, embed)
+    return np.asarray(into * out)
+
+
+def component_neuron_contributions(
+    embed: np.ndarray, v_in: np.ndarray, u_in: np.ndarray, w_out: np.ndarray
+) -> np.ndarray:
+    """The contributions [L, F, d_mlp] of the best ``mlp_in`` component per feature: for each
+    component c, (E V[:, c] U[c])[i] ⊙ (w_out Eᵀ)[:, i] [L, F, C, d_mlp]; per (layer, feature)
+    the component whose largest entry over the neurons is largest (the reference's choice).
+    v_in [L, d_embed, C], u_in [L, C, d_mlp]; w_out [L, d_mlp, d_embed]: the sum of the
+    ``mlp_out`` components (V·U)."""
+    into = np.einsum("fd,ldc,lcm->lfcm", embed, v_in, u_in)
+    out = np.einsum("lmd,fd->lfm", w_out, embed)
+    per = into * out[:, :, None, :]
+    best = per.max(axis=-1).argmax(axis=-1)  # [L, F]
+    n_layers, n_features = best.shape
+    ll, ff = np.meshgrid(np.arange(n_layers), np.arange(n_features), indexing="ij")
+    return np.asarray(per[ll, ff, best])
+
+
+def _site_pattern(site: str, patterns: Mapping[str, Any]) -> Any:
+    for pattern, value in patterns.items():
+        if fnmatch.fnmatch(site, pattern):
+            return value
+    return None
+
+
+def ground_truth_table(
+    ci_by_site: Mapping[str, np.ndarray],
+    *,
+    identity: tuple[str, ...] = (),
+    dense: Mapping[str, int] | None = None,
+) -> dict[str, float]:
+    """``gt/alive/{site}`` for every site, ``gt/identity_ci_error/{site}`` for the sites an
+    ``identity`` fnmatch pattern matches, ``gt/dense_ci_error/{site}`` for those a ``dense``
+    pattern matches (``{pattern: k}``); ``gt/identity_ci_error`` / ``gt/dense_ci_error``: the
+    totals (the reference's ``total``)."""
+    out: dict[str, float] = {}
+    totals = {"identity_ci_error": 0, "dense_ci_error": 0}
+    dense = dict(dense or {})
+    for site, ci in ci_by_site.items():
+        out[f"gt/alive/{site}"] = float(alive_components(ci))
+        if any(fnmatch.fnmatch(site, p) for p in identity):
+            err = identity_ci_error(ci)
+            out[f"gt/identity_ci_error/{site}"] = float(err)
+            totals["identity_ci_error"] += err
+        k = _site_pattern(site, dense)
+        if k is not None:
+            err = dense_ci_error(ci, int(k))
+            out[f"gt/dense_ci_error/{site}"] = float(err)
+            totals["dense_ci_error"] += err
+    if identity:
+        out["gt/identity_ci_error"] = float(totals["identity_ci_error"])
+    if dense:
+        out["gt/dense_ci_error"] = float(totals["dense_ci_error"])
+    return out
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _permutation(site: str, ci: np.ndarray, dense: Mapping[str, int]) -> np.ndarray:
+    if _site_pattern(site, dense) is not None:
+        return permute_to_dense(ci)[1]
+    return permute_to_identity(ci)[1]
+
+
+def plot_permuted_ci(
+    ci_by_site: Mapping[str, np.ndarray], path: Path, *, dense: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """One PNG: per site the one-hot CI [F, C], its columns identity-permuted (dense-sorted for
+    the sites a ``dense`` pattern matches), as the reference's PermutedCIPlots. Returns the
+    permutation per site (what :func:`plot_uv` orders V and U by)."""
+    dense = dict(dense or {})
+    fig = _figure(4.5 * len(ci_by_site), 3.8)
+    axes = fig.subplots(1, len(ci_by_site), squeeze=False)[0]
+    perms = {}
+    for ax, (site, ci) in zip(axes, ci_by_site.items(), strict=True):
+        perm = _permutation(site, ci, dense)
+        perms[site] = perm
+        image = ax.matshow(ci[:, perm], vmin=0.0, vmax=1.0, cmap="Blues", aspect="auto")
+        ax.set_title(site, fontsize=9)
+        ax.set_xlabel("component (permuted)")
+        ax.set_ylabel("one-hot feature (0.75)")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return perms
+
+
+def plot_uv(
+    uv_by_site: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: Path,
+    perms: Mapping[str, np.ndarray] | None = None,
+) -> Path:
+    """One PNG, a row per site: V [d_in, C] and U [C, d_out], the components in ``perms``'
+    order (the permuted-CI plot's), one colour scale for all (the reference's UV plots)."""
+    fig = _figure(10, 4.5 * len(uv_by_site))
+    axes = fig.subplots(len(uv_by_site), 2, squeeze=False)
+    values = [a for vu in uv_by_site.values() for a in vu]
+    lo, hi = min(float(a.min()) for a in values), max(float(a.max()) for a in values)
+    image = None
+    for row, (site, (v, u)) in zip(axes, sorted(uv_by_site.items()), strict=True):
+        perm = np.arange(v.shape[1]) if perms is None or site not in perms else perms[site]
+        image = row[0].matshow(v[:, perm], aspect="auto", cmap="coolwarm", vmin=lo, vmax=hi)
+        row[0].set(title=f"{site} (V)", xlabel="component", ylabel="d_in")
+        row[1].matshow(u[perm], aspect="auto", cmap="coolwarm", vmin=lo, vmax=hi)
+        row[1].set(title=f"{site} (U)", xlabel="d_out", ylabel="component")
+    fig.colorbar(image, ax=axes.ravel().tolist())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_neuron_contributions(target: np.ndarray, component: np.ndarray, path: Path) -> Path:
+    """The scatter of the paper's neuron-contribution figures: one point per (layer, feature,
+    neuron), the target's contribution [L, F, d_mlp] against the best component's."""
+    fig = _figure(6, 6)
+    ax = fig.subplots()
+    for layer in range(target.shape[0]):
+        ax.scatter(
+            target[layer].ravel(),
+            component[layer].ravel(),
+            s=6,
+            alpha=0.3,
+            color=("C0", "C3", "C2", "C1")[layer % 4],
+            label=f"MLP {layer + 1}",
+            edgecolors="none",
+        )
+    lim = float(max(np.abs(target).max(), np.abs(component).max(), 1e-12)) * 1.05
+    ax.plot([-lim, lim], [-lim, lim], color="grey", linewidth=0.8, linestyle="--")
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal")
+    ax.set_xlabel("neuron contribution (target)")
+    ax.set_ylabel("neuron contribution (best mlp_in component)")
+    ax.legend(loc="upper left")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,96 @@
+"""The toy runner's K-step programs (a lax.scan over K steps, data drawn on device): the state
+after N steps matches one step per call within float rounding, a resume from a real orbax
+checkpoint at the same K is bit-exact, and a K that breaks a cadence is refused by field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import jax
+import numpy as np
+import pytest
+
+from pd_train._config_io import ConfigError
+from pd_train.checkpoints import Checkpoints
+from pd_train.config import FaithfulnessWarmup
+from pd_train.step import Trainer
+from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
+from pd_train.toy_cli import load_toy_config
+
+TOY = toy_config("tms_5_2_fast")
+PD = attrs.evolve(
+    TOY.pd, steps=40, batch_size=64, faithfulness_warmup=FaithfulnessWarmup(steps=3, lr=1e-2)
+)
+TARGET = make_target(TOY)
+
+
+@pytest.fixture(scope="module")
+def trainer() -> Trainer:
+    return Trainer(TARGET, PD)
+
+
+def _run(trainer: Trainer, k: int, **kw: object) -> tuple[object, list[int]]:
+    seen: list[int] = []
+    _, state = decompose(
+        TARGET, toy_weights("tms_5_2"), PD, seed=3, feature_probability=TOY.feature_probability,
+        data=toy_data(TOY), trainer=trainer, steps_per_call=k,
+        on_step=lambda i, m: seen.append(i), **kw,
+    )  # fmt: skip
+    return jax.device_get(state), seen
+
+
+def test_k_step_programs_match_one_step_per_call(trainer: Trainer) -> None:
+    one, seen_one = _run(trainer, 1, log_every=10)
+    many, seen_many = _run(trainer, 10, log_every=10)
+    assert seen_one == seen_many == [0, 10, 20, 30, 39]  # the cadence, then the last step
+    assert int(one.step) == int(many.step) == 40
+    leaves_one = jax.tree_util.tree_leaves(one.params)
+    leaves_many = jax.tree_util.tree_leaves(many.params)
+    for a, b in zip(leaves_one, leaves_many, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+    # It is a real 40-step trajectory: the params moved far more than that tolerance.
+    init = jax.device_get(trainer.init_state(key=jax.random.fold_in(jax.random.key(3), 0)))
+    moved = max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(jax.tree_util.tree_leaves(init.params), leaves_one, strict=True)
+    )
+    assert moved > 1e-2
+
+
+def test_resume_at_the_same_k_is_bit_exact(trainer: Trainer, tmp_path: Path) -> None:
+    with Checkpoints(tmp_path / "straight") as ckpt:
+        straight, _ = _run(trainer, 10, log_every=10, checkpoints=ckpt, checkpoint_every=20)
+        assert ckpt.steps()[-1] == 40
+    with Checkpoints(tmp_path / "stopped") as ckpt:
+        _run(trainer, 10, log_every=10, checkpoints=ckpt, checkpoint_every=20, max_steps=20)
+        assert ckpt.latest_step() == 20
+    with Checkpoints(tmp_path / "stopped") as ckpt:
+        resumed, seen = _run(trainer, 10, log_every=10, checkpoints=ckpt, resume=True)
+    assert seen[0] == 20  # continued from step 20 (no warmup, no steps again)
+    assert int(resumed.step) == 40
+    for a, b in zip(
+        jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_k_that_breaks_a_cadence_is_refused_by_field(trainer: Trainer) -> None:
+    for kw, field in (
+        ({"steps_per_call": 3, "log_every": 10}, "log_every"),
+        ({"steps_per_call": 4, "log_every": 8, "eval_every": 6}, "eval_every"),
+        ({"steps_per_call": 4, "log_every": 8, "checkpoint_every": 10}, "checkpoint_every"),
+        ({"steps_per_call": 0}, "steps_per_call"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            decompose(TARGET, toy_weights("tms_5_2"), PD, seed=0, feature_probability=0.05,
+                      trainer=trainer, **kw)  # type: ignore[arg-type]  # fmt: skip
+    for overrides, field in (
+        (["steps_per_call=7"], "log_every"),
+        (["steps_per_call=0"], "steps_per_call"),
+        (["steps_per_call=10", "eval_every=15"], "eval_every"),
+        (["eval_every=-1"], "eval_every"),
+        (["target.n_hidden_layers=1"], "target.n_hidden_layers"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            load_toy_config("builtin:tms_5_2", overrides)
