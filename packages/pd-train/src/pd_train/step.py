@@ -31,33 +31,26 @@ import pd_sharding
 from pd_train._forward import CleanRunner, ForwardSpec
 from pd_train.ci import make_ci_function
 from pd_train.config import (
-    ChunkwiseSubsetRecon,
     ConfigError,
-    Faithfulness,
-    ImportanceMinimality,
+    LossMetric,
     PDConfig,
-    PersistentPGDRecon,
-    PGDRecon,
     RuntimeConfig,
-    StochasticRecon,
     check_pd_config,
 )
 from pd_train.decomposition import Decomposition, build_decomposition, site_name
 from pd_train.losses import (
-    FreshPGD,
+    LossTerm,
     PersistentPGD,
     ReconPlan,
-    all_sites_plan,
-    chunkwise_plan,
+    TermInputs,
     faithfulness,
-    importance_minimality,
     l0,
+    loss_term,
     paired_all_sites_loss,
-    pnorm_at,
     recon_loss,
 )
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.optim import lr_schedule, make_optimizer
+from pd_train.optim import lr_schedule, make_optimizer, optimizer_hyperparams, scheduled_lr
 from pd_train.squash import lower_leaky_hard_deferred, unit_clip, upper_leaky_hard
 from pd_train.targets import Target, as_target
 
@@ -96,6 +89,66 @@ def _site_map(fn: Callable[[jax.Array], jax.Array], stacks: Mapping[str, jax.Arr
     buffer (B·T·ΣC·4 bytes: 4.75 GiB per device at Llama-3-8B on 64 devices), alive at the train
     step's peak; per site, only one site's slice is (docs/findings.md section 8)."""
     return {k: jax.lax.map(lambda x: fn(x[None])[0], v) for k, v in stacks.items()}
+
+
+def _scalar_dtype(value: Any) -> Any:
+    """f32 for a float, i32 for an int (a hyperparameter's array dtype)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        msg = f"a hyperparameter must be a float or an int, not {value!r}"
+        raise TypeError(msg)
+    return jnp.int32 if isinstance(value, int) else jnp.float32
+
+
+def _scalar_array(value: Any) -> jax.Array:
+    return jnp.asarray(value, _scalar_dtype(value))
+
+
+class _WithHyperparams:
+    """The jitted ``train_step(state, target, tokens, key, hp)`` seen as
+    ``(state, target, tokens, key)``: calls and lowerings get the trainer's
+    :meth:`Trainer.hyperparam_arrays` (or their abstract values) as ``hp``. ``.jit`` is the
+    five-argument jit."""
+
+    def __init__(self, jit: Any, trainer: Trainer) -> None:
+        self.jit = jit
+        self._trainer = trainer
+
+    def __call__(self, state: Any, target: Any, tokens: Any, key: Any) -> Any:
+        return self.jit(state, target, tokens, key, self._trainer.hyperparam_arrays())
+
+    def lower(self, state: Any, target: Any, tokens: Any, key: Any) -> _LoweredStep:
+        hp = self._trainer.abstract_hyperparams()
+        return _LoweredStep(self.jit.lower(state, target, tokens, key, hp), self._trainer)
+
+
+class _LoweredStep:
+    """A lowered train step whose ``compile()`` gives a four-argument program (the
+    hyperparameters bound); everything else is the ``jax.stages.Lowered``'s (``.lowered``)."""
+
+    def __init__(self, lowered: Any, trainer: Trainer) -> None:
+        self.lowered = lowered
+        self._trainer = trainer
+
+    def compile(self, *args: Any, **kwargs: Any) -> _CompiledStep:
+        return _CompiledStep(self.lowered.compile(*args, **kwargs), self._trainer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lowered, name)
+
+
+class _CompiledStep:
+    """A compiled train step called as ``(state, target, tokens, key)``; everything else is the
+    ``jax.stages.Compiled``'s (``.compiled``; call it with ``hp`` as a fifth argument)."""
+
+    def __init__(self, compiled: Any, trainer: Trainer) -> None:
+        self.compiled = compiled
+        self._trainer = trainer
+
+    def __call__(self, state: Any, target: Any, tokens: Any, key: Any) -> Any:
+        return self.compiled(state, target, tokens, key, self._trainer.hyperparam_arrays())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
 
 
 def step_key(run_key: jax.Array, step: int | jax.Array) -> jax.Array:
@@ -154,21 +207,18 @@ class Trainer:
             "components": lr_schedule(pd.components, pd.steps),
             "ci_fn": lr_schedule(pd.ci_fn, pd.steps),
         }
+        #: (config, registered term) per ``pd.loss_metrics`` entry, in order.
+        self.terms: list[tuple[LossMetric, LossTerm]] = [
+            (config, loss_term(config)) for config in pd.loss_metrics
+        ]
+        self.needs_ci = any(term.needs_ci for _, term in self.terms)
         self.plans: dict[int, ReconPlan] = {}
-        for i, term in enumerate(pd.loss_metrics):
-            if isinstance(term, StochasticRecon):
-                self.plans[i] = all_sites_plan(self.decomposition)
-            elif isinstance(term, ChunkwiseSubsetRecon):
-                self.plans[i] = chunkwise_plan(self.decomposition, term.sites_per_chunk)
-            elif isinstance(term, PGDRecon):
-                self.plans[i] = (
-                    all_sites_plan(self.decomposition)
-                    if term.sites_per_chunk is None
-                    else chunkwise_plan(self.decomposition, term.sites_per_chunk)
-                )
-            elif isinstance(term, PersistentPGDRecon):
-                self.plans[i] = all_sites_plan(self.decomposition)
+        for i, (config, term) in enumerate(self.terms):
+            plan = term.plan(config, self.decomposition)
+            if plan is not None:
+                self.plans[i] = plan
         self.seq_len = seq_len
+        self._hp_arrays: dict[str, Any] | None = None
         self.ppgd, self.ppgd_index = self._persistent_pgd(seq_len)
         constrain = self.layout.constrain_batch if self.layout is not None else (lambda x: x)
         self.forward_spec = ForwardSpec(
@@ -210,35 +260,59 @@ class Trainer:
         return jax.jit(fn, compiler_options=self.compiler_options or None, **kwargs)
 
     def _persistent_pgd(self, seq_len: int | None) -> tuple[PersistentPGD | None, int | None]:
-        """The persistent-PGD term's sources (or None), after checking what they need."""
-        found = [
-            (i, t) for i, t in enumerate(self.pd.loss_metrics) if isinstance(t, PersistentPGDRecon)
-        ]
-        if not found:
-            return None, None
-        i, term = found[0]
-        where = f"pd.loss_metrics[{i}]"
-        if seq_len is None or seq_len < 1:
-            msg = f"got seq_len={seq_len!r}; a persistent_pgd_recon term needs the batches' T"
-            raise ConfigError([(f"{where} (Trainer seq_len)", msg)])
-        if self.layout is not None and term.scope == "bsc":
-            data = self.layout.data_size
-            if self.pd.batch_size % data:
-                msg = (
-                    f"scope 'bsc' shards its sources [B, T, C + 1] over the data axes (size "
-                    f"{data}), which pd.batch_size {self.pd.batch_size} is not a multiple of; "
-                    "use scope 'sc' or a batch size that is"
-                )
-                raise ConfigError([(f"{where}.scope", msg)])
-        ppgd = PersistentPGD(
-            term,
-            self.decomposition,
-            batch_size=self.pd.batch_size,
-            seq_len=seq_len,
-            total_steps=self.pd.steps,
-            layout=self.layout,
+        """The adversarial term's persistent state (:meth:`LossTerm.adversary`) and its index,
+        or (None, None); at most one term may keep one."""
+        found = []
+        for i, (config, term) in enumerate(self.terms):
+            adversary = term.adversary(
+                config,
+                self.decomposition,
+                batch_size=self.pd.batch_size,
+                seq_len=seq_len,
+                total_steps=self.pd.steps,
+                layout=self.layout,
+                where=f"pd.loss_metrics[{i}]",
+            )
+            if adversary is not None:
+                found.append((adversary, i))
+        if len(found) > 1:
+            where = ", ".join(f"pd.loss_metrics[{i}]" for _, i in found)
+            msg = f"terms {where} each keep persistent sources; at most one may"
+            raise ConfigError([("pd.loss_metrics", msg)])
+        return found[0] if found else (None, None)
+
+    # ---------------------------------------------------------------- hyperparameters
+    def hyperparams(self) -> dict[str, Any]:
+        """Every scalar hyperparameter the step reads, as Python numbers: ``{"terms": [per
+        term, :meth:`LossTerm.hyperparams`], "optim": {group:
+        :func:`pd_train.optim.optimizer_hyperparams`}}``. The jitted step takes them as an
+        argument (:meth:`hyperparam_arrays`), so configs that differ only in these values
+        compile to the same program."""
+        return {
+            "terms": [term.hyperparams(config, self.pd) for config, term in self.terms],
+            "optim": {
+                "components": optimizer_hyperparams(self.pd.components, self.pd.steps),
+                "ci_fn": optimizer_hyperparams(self.pd.ci_fn, self.pd.steps),
+            },
+        }
+
+    def hyperparam_arrays(self) -> dict[str, Any]:
+        """:meth:`hyperparams` as f32 [] (floats) and i32 [] (ints) arrays, replicated over
+        the mesh (built once)."""
+        if self._hp_arrays is None:
+            arrays = jax.tree.map(_scalar_array, self.hyperparams())
+            if self.layout is not None:
+                arrays = jax.device_put(arrays, self.layout.replicated())
+            self._hp_arrays = arrays
+        return self._hp_arrays
+
+    def abstract_hyperparams(self) -> dict[str, Any]:
+        """ShapeDtypeStructs of :meth:`hyperparam_arrays` (replicated with a mesh)."""
+        sharding = self.layout.replicated() if self.layout is not None else None
+        return jax.tree.map(
+            lambda v: jax.ShapeDtypeStruct((), _scalar_dtype(v), sharding=sharding),
+            self.hyperparams(),
         )
-        return ppgd, i
 
     # ---------------------------------------------------------------- parameters and state
     def param_specs(self) -> list[pd_init.ArraySpec]:
@@ -542,141 +616,183 @@ class Trainer:
         key: jax.Array,
         adversary: Mapping[str, Any] | None = None,
         source_offset: Mapping[str, jax.Array] | None = None,
+        hp: Mapping[str, Any] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
-        """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, "pnorm": p}``.
+        """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, ...}`` (plus each
+        term's extra metrics, e.g. ``"pnorm"``).
 
         tokens [B, T] int; step: int []; key: the step key. With a ``persistent_pgd_recon``
         term: ``adversary`` is ``TrainState.adversary``; its sources first take
         ``n_warmup_steps`` ascents (params and CI detached), then the term uses them plus
         ``source_offset`` (zeros of the sources' shapes: its gradient is the sources'
-        gradient); aux gets ``"adversary"``, the warmed sources and optimizer state.
+        gradient); aux gets ``"adversary"``, the warmed sources and optimizer state. ``hp``:
+        :meth:`hyperparams`' tree (arrays, or None for the config's values as constants).
         """
-        pd = self.pd
-        dt = self.compute_dtype
-        comps = jax.tree_util.tree_map(lambda a: a.astype(dt), params["components"])
-        target = self.gather_head(target)
-        needs_ci = any(not isinstance(t, Faithfulness) for t in pd.loss_metrics)
+        hp = self.hyperparams() if hp is None else hp
+        comps = jax.tree_util.tree_map(lambda a: a.astype(self.compute_dtype), params["components"])
+        inputs = TermInputs(
+            spec=self.forward_spec,
+            target=self.gather_head(target),
+            tokens=tokens,
+            params=params,
+            components=comps,
+            step=step,
+            chunk_unroll=self.pd.recon.chunk_loop == "unroll",
+            remat=self.runtime.remat.recon,
+        )
         aux: dict[str, Any] = {"terms": {}}
-        if needs_ci:
-            # Named scopes label the compiled step's ops by phase (profiles, HLO dumps).
-            with jax.named_scope("pd.clean_ci"):
-                clean = CleanRunner(self.forward_spec, target, tokens)
-                clean_logits, pre = self.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-                # Unclipped: every use clips (sources.masks), so no clipped copy of the
-                # all-site CI is materialized next to pre (pd_train.squash's docstring).
-                ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
-                ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
-            with jax.named_scope("pd.l0"):
-                aux["l0"] = _site_map(
-                    lambda c: l0({"s": unit_clip(c)}, pd.l0_threshold)["s"], ci_lower
-                )
-        ppgd_sources = None
+        if self.needs_ci:
+            inputs, aux["l0"] = self._clean_and_ci(inputs)
         if self.ppgd is not None:
-            if not adversary:
-                msg = "a persistent_pgd_recon term needs the train state's adversary"
-                raise ValueError(msg)
-            i = self.ppgd_index
-            comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
-
-            def objective(sources: dict[str, jax.Array]) -> jax.Array:
-                return recon_loss(
-                    self.forward_spec,
-                    self.plans[i],  # type: ignore[index]
-                    n_samples=1,
-                    target=target,
-                    tokens=tokens,
-                    components=comps_d,
-                    ci_lower=ci_d,
-                    clean_logits=clean_logits,
-                    clean_stream=clean.stream,
-                    key=jax.random.fold_in(key, i),  # type: ignore[arg-type]
-                    sources=sources,
-                )
-
-            with jax.named_scope("pd.ppgd_warmup"):
-                warmed, warmed_opt = self.ppgd.warmup(
-                    objective, adversary["sources"], adversary["opt_state"], self.ppgd.lr(step)
-                )
-            aux["adversary"] = {"sources": warmed, "opt_state": warmed_opt}
-            ppgd_sources = warmed
-            if source_offset is not None:
-                ppgd_sources = {k: v + source_offset[k] for k, v in warmed.items()}
-        paired: dict[int, jax.Array] = {}
-        pair = self._all_site_pair()
-        if pair is not None and ppgd_sources is not None:
-            stochastic, adversarial = pair
-            with jax.named_scope("pd.term.all_sites_pair"):
-                paired[stochastic], paired[adversarial] = paired_all_sites_loss(
-                    self.forward_spec,
-                    target=target,
-                    tokens=tokens,
-                    components=comps,
-                    ci_lower=ci_lower,
-                    clean_logits=clean_logits,
-                    clean_stream=clean.stream,
-                    key=jax.random.fold_in(key, stochastic),
-                    sources=ppgd_sources,
-                )
+            inputs, aux["adversary"] = self._warm_sources(inputs, adversary, source_offset, key, hp)
+        paired = self._paired_values(inputs, key)
         total = jnp.zeros((), jnp.float32)
-        for i, term in enumerate(pd.loss_metrics):
-            term_key = jax.random.fold_in(key, i)
-            with jax.named_scope(f"pd.term.{term.type}"):
+        for i, (config, term) in enumerate(self.terms):
+            term_hp = hp["terms"][i]
+            with jax.named_scope(f"pd.term.{config.type}"):
+                extra: dict[str, jax.Array] = {}
                 if i in paired:
                     value = paired[i]
-                elif isinstance(term, Faithfulness):
-                    value = faithfulness(target["layers"], params["components"], self.decomposition)
-                elif isinstance(term, ImportanceMinimality):
-                    p = pnorm_at(term, step, pd.steps)
-                    aux["pnorm"] = p
-                    value = importance_minimality(
-                        ci_upper,
-                        pnorm=p,
-                        eps=term.eps,
-                        frequency_coeff=term.frequency_coeff,
-                        reference_token_count=term.reference_token_count,
-                    )
                 else:
-                    value = recon_loss(
-                        self.forward_spec,
-                        self.plans[i],
-                        n_samples=getattr(term, "n_samples", 1),
-                        target=target,
-                        tokens=tokens,
-                        components=comps,
-                        ci_lower=ci_lower,
-                        clean_logits=clean_logits,
-                        clean_stream=clean.stream,
-                        key=term_key,
-                        unroll=pd.recon.chunk_loop == "unroll",
-                        remat=self.runtime.remat.recon,
-                        pgd=FreshPGD.of(term) if isinstance(term, PGDRecon) else None,
-                        sources=ppgd_sources if isinstance(term, PersistentPGDRecon) else None,
+                    value, extra = term.value(
+                        config,
+                        inputs,
+                        plan=self.plans.get(i),
+                        hp=term_hp,
+                        key=jax.random.fold_in(key, i),
                     )
-            aux["terms"][term.type] = value
-            total = total + term.coeff * value
+            aux["terms"][config.type] = value
+            aux.update(extra)
+            total = total + term_hp["coeff"] * value
         return total, aux
 
+    def _clean_and_ci(self, inputs: TermInputs) -> tuple[TermInputs, dict[str, jax.Array]]:
+        """The clean forward, the CI and its squashes into ``inputs``; and the L0 per site."""
+        params = inputs.params
+        # Named scopes label the compiled step's ops by phase (profiles, HLO dumps).
+        with jax.named_scope("pd.clean_ci"):
+            clean = CleanRunner(self.forward_spec, inputs.target, inputs.tokens)
+            clean_logits, pre = self.ci_fn.causal_importance(
+                params["ci_fn"], inputs.components, clean
+            )
+            # Unclipped: every use clips (sources.masks), so no clipped copy of the
+            # all-site CI is materialized next to pre (pd_train.squash's docstring).
+            ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
+            ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
+        with jax.named_scope("pd.l0"):
+            threshold = self.pd.l0_threshold
+            l0_sites = _site_map(lambda c: l0({"s": unit_clip(c)}, threshold)["s"], ci_lower)
+        inputs = dataclasses.replace(
+            inputs,
+            ci_lower=ci_lower,
+            ci_upper=ci_upper,
+            clean_logits=clean_logits,
+            clean_stream=clean.stream,
+        )
+        return inputs, l0_sites
+
+    def _warm_sources(
+        self,
+        inputs: TermInputs,
+        adversary: Mapping[str, Any] | None,
+        source_offset: Mapping[str, jax.Array] | None,
+        key: jax.Array,
+        hp: Mapping[str, Any],
+    ) -> tuple[TermInputs, dict[str, Any]]:
+        """The persistent sources after their ``n_warmup_steps`` ascents (params and CI
+        detached) into ``inputs.sources`` (plus ``source_offset``); and the warmed state."""
+        assert self.ppgd is not None and self.ppgd_index is not None
+        if not adversary:
+            msg = "a persistent_pgd_recon term needs the train state's adversary"
+            raise ValueError(msg)
+        i = self.ppgd_index
+        term_hp = hp["terms"][i]
+        comps_d, ci_d = jax.lax.stop_gradient((inputs.components, inputs.ci_lower))
+        assert ci_d is not None and inputs.clean_logits is not None
+
+        def objective(sources: dict[str, jax.Array]) -> jax.Array:
+            return recon_loss(
+                self.forward_spec,
+                self.plans[i],
+                n_samples=1,
+                target=inputs.target,
+                tokens=inputs.tokens,
+                components=comps_d,
+                ci_lower=ci_d,
+                clean_logits=inputs.clean_logits,  # type: ignore[arg-type]
+                clean_stream=inputs.clean_stream,
+                key=jax.random.fold_in(key, i),
+                sources=sources,
+            )
+
+        with jax.named_scope("pd.ppgd_warmup"):
+            warmed, warmed_opt = self.ppgd.warmup(
+                objective,
+                adversary["sources"],
+                adversary["opt_state"],
+                self.ppgd.lr(inputs.step, term_hp),
+                term_hp,
+            )
+        sources = warmed
+        if source_offset is not None:
+            sources = {k: v + source_offset[k] for k, v in warmed.items()}
+        return dataclasses.replace(inputs, sources=sources), {
+            "sources": warmed,
+            "opt_state": warmed_opt,
+        }
+
+    def _paired_values(self, inputs: TermInputs, key: jax.Array) -> dict[int, jax.Array]:
+        """{term index: value} of the terms :meth:`_all_site_pair` runs as one forward."""
+        pair = self._all_site_pair()
+        if pair is None or inputs.sources is None:
+            return {}
+        assert inputs.ci_lower is not None and inputs.clean_logits is not None
+        stochastic, adversarial = pair
+        with jax.named_scope("pd.term.all_sites_pair"):
+            values = paired_all_sites_loss(
+                self.forward_spec,
+                target=inputs.target,
+                tokens=inputs.tokens,
+                components=inputs.components,
+                ci_lower=inputs.ci_lower,
+                clean_logits=inputs.clean_logits,
+                clean_stream=inputs.clean_stream,
+                key=jax.random.fold_in(key, stochastic),
+                sources=inputs.sources,
+            )
+        return {stochastic: values[0], adversarial: values[1]}
+
     def _all_site_pair(self) -> tuple[int, int] | None:
-        """(index of a one-draw stochastic recon term, index of the persistent-PGD term) when
-        :func:`pd_train.losses.paired_all_sites_loss` runs them as one forward, else None:
-        both present, ``pd.recon.pair_terms`` and no ``runtime.remat.recon`` (the pair's
-        forward holds twice one forward's activations)."""
+        """(index of a term that :meth:`LossTerm.pairs_with_sources` (a one-draw stochastic
+        recon), index of the persistent-PGD term) when :func:`pd_train.losses.paired_all_sites_loss`
+        runs them as one forward, else None: both present, ``pd.recon.pair_terms`` and no
+        ``runtime.remat.recon`` (the pair's forward holds twice one forward's activations)."""
         if not self.pd.recon.pair_terms or self.runtime.remat.recon or self.ppgd_index is None:
             return None
-        for i, term in enumerate(self.pd.loss_metrics):
-            if isinstance(term, StochasticRecon) and term.n_samples == 1:
+        for i, (config, term) in enumerate(self.terms):
+            if i != self.ppgd_index and term.pairs_with_sources(config):
                 return i, self.ppgd_index
         return None
 
     # ---------------------------------------------------------------- the step
-    def _step(
-        self, state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
+    def step(
+        self,
+        state: TrainState,
+        target: Any,
+        tokens: jax.Array,
+        key: jax.Array,
+        hp: Mapping[str, Any] | None = None,
     ) -> tuple[TrainState, dict[str, Any]]:
+        """One step, pure and unjitted (compose it, e.g. in ``lax.scan`` for K-step
+        programs): the new state and the metrics (see :meth:`train_step`). ``hp``:
+        :meth:`hyperparam_arrays` (pass them, as an argument of your jit, to keep the values
+        out of the program), or None for the config's values as constants."""
+        hp = self.hyperparams() if hp is None else hp
         adversary: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         if self.ppgd is None:
             (total, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(
-                state.params, target, tokens, state.step, key
+                state.params, target, tokens, state.step, key, None, None, hp
             )
         else:
             # One backward: the zero offset's gradient is the warmed sources' gradient, which
@@ -685,53 +801,73 @@ class Trainer:
             offset = jax.tree_util.tree_map(jnp.zeros_like, state.adversary["sources"])
             (total, aux), (grads, source_grads) = jax.value_and_grad(
                 self.loss, argnums=(0, 6), has_aux=True
-            )(state.params, target, tokens, state.step, key, state.adversary, offset)
-            coeff = self.pd.loss_metrics[self.ppgd_index].coeff  # type: ignore[index]
-            lr = self.ppgd.lr(state.step)
-            with jax.named_scope("pd.ppgd_ascent"):
-                sources, source_opt = self.ppgd.ascend(
-                    aux["adversary"]["sources"],
-                    aux["adversary"]["opt_state"],
-                    {k: g / coeff for k, g in source_grads.items()},
-                    lr,
-                )
-            adversary = {"sources": sources, "opt_state": source_opt}
-            metrics["lr/ppgd"] = lr
-        params, opt_state = {}, {}
+            )(state.params, target, tokens, state.step, key, state.adversary, offset, hp)
+            adversary, metrics["lr/ppgd"] = self._final_ascent(aux, source_grads, state.step, hp)
         metrics.update({f"loss/{k}": v for k, v in aux["terms"].items()})
         metrics["loss/total"] = total
-        for g in GROUPS:
-            with jax.named_scope(f"pd.optimizer.{g}"):
-                updates, opt_state[g] = self.tx[g].update(
-                    grads[g], state.opt_state[g], state.params[g]
-                )
-                params[g] = optax.apply_updates(state.params[g], updates)
-                metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
-            metrics[f"lr/{g}"] = self.schedules[g](state.step)
-        if "pnorm" in aux:
-            metrics["pnorm"] = aux["pnorm"]
-        if "l0" in aux:
-            metrics["l0"] = aux["l0"]
+        params, opt_state = self._apply_updates(state, grads, hp, metrics)
+        extras = [name for name in aux if name not in ("terms", "adversary", "l0")]
+        for name in [*extras, "l0"] if "l0" in aux else extras:
+            metrics[name] = aux[name]
         new = TrainState(
             step=state.step + 1, params=params, opt_state=opt_state, adversary=adversary
         )
         return new, metrics
 
+    #: The step under its former private name (tests and tools trace it).
+    _step = step
+
+    def _final_ascent(
+        self, aux: Mapping[str, Any], source_grads: Any, step: jax.Array, hp: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], jax.Array]:
+        """The persistent sources' ascent along the main backward's gradient / coeff; returns
+        the new adversary state and the lr."""
+        assert self.ppgd is not None and self.ppgd_index is not None
+        term_hp = hp["terms"][self.ppgd_index]
+        lr = self.ppgd.lr(step, term_hp)
+        with jax.named_scope("pd.ppgd_ascent"):
+            sources, source_opt = self.ppgd.ascend(
+                aux["adversary"]["sources"],
+                aux["adversary"]["opt_state"],
+                {k: g / term_hp["coeff"] for k, g in source_grads.items()},
+                lr,
+                term_hp,
+            )
+        return {"sources": sources, "opt_state": source_opt}, lr
+
+    def _apply_updates(
+        self, state: TrainState, grads: Any, hp: Mapping[str, Any], metrics: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Both groups' optimizer updates (their scalars from ``hp["optim"]``); adds
+        ``grad_norm/{g}`` and ``lr/{g}`` to ``metrics``."""
+        params, opt_state = {}, {}
+        configs = {"components": self.pd.components, "ci_fn": self.pd.ci_fn}
+        for g in GROUPS:
+            tx = make_optimizer(configs[g], self.pd.steps, hp["optim"][g])
+            with jax.named_scope(f"pd.optimizer.{g}"):
+                updates, opt_state[g] = tx.update(grads[g], state.opt_state[g], state.params[g])
+                params[g] = optax.apply_updates(state.params[g], updates)
+                metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
+            metrics[f"lr/{g}"] = scheduled_lr(hp["optim"][g]["schedule"], state.step)
+        return params, opt_state
+
     def _build_train_step(self) -> Any:
         # The jit takes its name from the function: ``jit(train_step)`` in compile logs, HLO
         # dumps (runtime.launch_env.profile.hlo_dump filters on it) and compile.json.
         def train_step(
-            state: TrainState, target: Any, tokens: jax.Array, key: jax.Array
+            state: TrainState, target: Any, tokens: jax.Array, key: jax.Array, hp: Any
         ) -> tuple[TrainState, dict[str, Any]]:
-            return self._step(state, target, tokens, key)
+            return self.step(state, target, tokens, key, hp)
 
         if self.layout is None:
-            return self._jit(train_step, donate_argnums=0)
-        return self._jit(
-            train_step,
-            donate_argnums=0,
-            out_shardings=(self.state_shardings(), self.layout.replicated()),
-        )
+            jit = self._jit(train_step, donate_argnums=0)
+        else:
+            jit = self._jit(
+                train_step,
+                donate_argnums=0,
+                out_shardings=(self.state_shardings(), self.layout.replicated()),
+            )
+        return _WithHyperparams(jit, self)
 
     def train_step(
         self, state: TrainState, target: Any, tokens: jax.Array, key: jax.Array

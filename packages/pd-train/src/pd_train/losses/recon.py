@@ -30,6 +30,7 @@ import numpy as np
 
 from pd_train._forward import ForwardSpec, masked_forward, site_id
 from pd_train.decomposition import Decomposition
+from pd_train.losses._term import TermInputs
 from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
 from pd_train.sources import sample_source
 
@@ -43,6 +44,7 @@ __all__ = [
     "output_divergence",
     "paired_all_sites_loss",
     "recon_loss",
+    "recon_term_value",
     "routing_masks",
     "site_grid",
     "site_ranks",
@@ -409,4 +411,34 @@ def paired_all_sites_loss(
     return (
         output_divergence(spec, clean_logits, pairs[:, 0]),
         output_divergence(spec, clean_logits, pairs[:, 1]),
+    )
+
+
+def recon_term_value(
+    inputs: TermInputs,
+    plan: ReconPlan,
+    *,
+    n_samples: int,
+    key: jax.Array,
+    pgd: Any = None,
+    sources: Mapping[str, jax.Array] | None = None,
+) -> jax.Array:
+    """:func:`recon_loss` of a term over the step's :class:`TermInputs` (masks from the CI and
+    drawn sources, or ``pgd``'s, or the given ``sources``)."""
+    assert inputs.ci_lower is not None and inputs.clean_logits is not None
+    return recon_loss(
+        inputs.spec,
+        plan,
+        n_samples=n_samples,
+        target=inputs.target,
+        tokens=inputs.tokens,
+        components=inputs.components,
+        ci_lower=inputs.ci_lower,
+        clean_logits=inputs.clean_logits,
+        clean_stream=inputs.clean_stream,
+        key=key,
+        unroll=inputs.chunk_unroll,
+        remat=inputs.remat,
+        pgd=pgd,
+        sources=sources,
     )
