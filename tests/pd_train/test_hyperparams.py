@@ -18,6 +18,7 @@ from pd_train.config import (
     ChunkwiseSubsetRecon,
     DecompositionTarget,
     Faithfulness,
+    FaithfulnessWarmup,
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
@@ -102,6 +103,7 @@ VALUE_CHANGES = {
         pd,
         ci_fn=attrs.evolve(pd.ci_fn, b1=0.8, b2=0.99, eps=1e-6, weight_decay=0.1, decay_steps=7),
     ),
+    "pd.l0_threshold": lambda pd: attrs.evolve(pd, l0_threshold=0.1),
     "pd.loss_metrics[0].coeff": lambda pd: _term(pd, 0, coeff=1e3),
     "pd.loss_metrics[1] coeff, p, anneal window, eps, frequency": lambda pd: _term(
         pd,
@@ -195,3 +197,20 @@ def test_values_as_data_match_values_as_constants() -> None:
         # Absolute 1e-6: the persistent sources (in [0, 1]) move by Adam's normalized m/sqrt(v),
         # which turns a rounding difference of a tiny gradient into one of ~1e-7 in a source.
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_the_warmup_lr_is_data_and_is_used() -> None:
+    trainers = [
+        Trainer(TINY, _pd(faithfulness_warmup=FaithfulnessWarmup(steps=2, lr=lr)), seq_len=T)
+        for lr in (1e-2, 3e-3)
+    ]
+    texts = [str(t.lower_warmup(jnp.float32).as_text()) for t in trainers]
+    assert texts[0] == texts[1]
+    target = llama.init_params(TINY, key=jax.random.key(0))
+    losses = []
+    for t in trainers:
+        state = t.init_state(key=jax.random.key(1))
+        _, values = t.faithfulness_warmup(state, target)
+        losses.append(values)
+    assert losses[0][0] == losses[1][0]  # the same start
+    assert losses[0][1] < losses[1][1] < losses[1][0]  # the larger lr moved further
