@@ -132,7 +132,6 @@ def test_a_seed_sweep_prepares_one_run_dir_per_point_and_compiles_the_step_once(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="until hyperparameters are data (floor)")
 def test_a_learning_rate_sweep_compiles_the_step_once(tmp_path: Path, capfd) -> None:
     """Two points (each compile the step costs today is a compile in CI)."""
     sweep_dir, _, _ = _sweep(tmp_path, "pd.components.lr=[1e-3,2e-3]", capfd)

@@ -20,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "CIConfig": "pd_train.config",
+    "CIType": "pd_train.ci",
+    "LossMetric": "pd_train.config",
+    "LossTerm": "pd_train.losses",
+    "register_ci_type": "pd_train.ci",
+    "register_loss_term": "pd_train.losses",
     "ChunkwiseSubsetRecon": "pd_train.config",
     "Census": "pd_train.flops",
     "MFUMeter": "pd_train.flops",
@@ -56,6 +62,8 @@ _EXPORTS = {
 __all__ = [
     "GROUPS",
     "MLPCI",
+    "CIConfig",
+    "CIType",
     "Census",
     "ChunkwiseSubsetRecon",
     "ChunkwiseTransformerCI",
@@ -66,6 +74,8 @@ __all__ = [
     "GlobalTransformerCI",
     "ImportanceMinimality",
     "LlamaConfig",
+    "LossMetric",
+    "LossTerm",
     "MFUMeter",
     "OptimizerConfig",
     "PDConfig",
@@ -84,20 +94,25 @@ __all__ = [
     "__version__",
     "build_decomposition",
     "compiled_cost",
+    "register_ci_type",
+    "register_loss_term",
     "step_census",
     "step_key",
 ]
 
 if TYPE_CHECKING:
+    from pd_train.ci import CIType, register_ci_type
     from pd_train.config import (
         MLPCI,
         ChunkwiseSubsetRecon,
         ChunkwiseTransformerCI,
+        CIConfig,
         DecompositionTarget,
         Faithfulness,
         FaithfulnessWarmup,
         GlobalTransformerCI,
         ImportanceMinimality,
+        LossMetric,
         OptimizerConfig,
         PDConfig,
         PersistentPGDRecon,
@@ -113,6 +128,7 @@ if TYPE_CHECKING:
     )
     from pd_train.decomposition import Decomposition, build_decomposition
     from pd_train.flops import Census, MFUMeter, compiled_cost, step_census
+    from pd_train.losses import LossTerm, register_loss_term
     from pd_train.models.llama_config import LlamaConfig
     from pd_train.step import GROUPS, Trainer, TrainState, step_key
 

@@ -112,6 +112,38 @@ def _tag_of(cls: type) -> str | None:
     return field.default
 
 
+class TaggedFamily:
+    """An open tagged config union: attrs classes with a ``type`` tag, registered under a base
+    class that config fields are annotated with (``tuple[LossMetric, ...]``, ``CIConfig``). The
+    converter structures a field of the base type by the value's ``type`` through
+    :attr:`members`, read at structuring time, so a member registered later is accepted and an
+    unregistered tag is refused with the registered ones listed."""
+
+    def __init__(self, base: type) -> None:
+        self.base = base
+        self.members: dict[str, type] = {}
+
+    def register(self, cls: type[T]) -> type[T]:
+        """Add ``cls`` (an attrs class whose ``type`` field defaults to its tag); returns it."""
+        tag = _tag_of(cls)
+        if tag is None:
+            msg = f"{cls.__name__}: a {self.base.__name__} needs a `type` field with a str default"
+            raise TypeError(msg)
+        if self.members.get(tag, cls) is not cls:
+            msg = f"{self.base.__name__} type {tag!r} is already registered by {self.members[tag]}"
+            raise ValueError(msg)
+        self.members[tag] = cls
+        return cls
+
+
+_FAMILIES: dict[Any, TaggedFamily] = {}
+
+
+def tagged_family(base: type) -> TaggedFamily:
+    """The :class:`TaggedFamily` of ``base`` (made on first use)."""
+    return _FAMILIES.setdefault(base, TaggedFamily(base))
+
+
 def _is_tagged_union(tp: Any) -> bool:
     if typing.get_origin(tp) not in (typing.Union, types.UnionType):
         return False
@@ -218,7 +250,9 @@ def _make_converter() -> cattrs.Converter:
         members = [m for m in typing.get_args(tp) if m is not type(None)]
         if value is None and type(None) in typing.get_args(tp):
             return None
-        by_tag = {_tag_of(m): m for m in members}
+        return structure_by_tag(value, {_tag_of(m): m for m in members})
+
+    def structure_by_tag(value: Any, by_tag: Mapping[Any, type]) -> Any:
         allowed = ", ".join(repr(t) for t in by_tag)
         if not isinstance(value, Mapping) or "type" not in value:
             msg = f"got {value!r}; expected a mapping with a `type` field, one of {allowed}"
@@ -229,6 +263,12 @@ def _make_converter() -> cattrs.Converter:
         return converter.structure(value, cls)
 
     converter.register_structure_hook_func(_is_tagged_union, structure_tagged)
+    converter.register_structure_hook_func(
+        lambda tp: tp in _FAMILIES, lambda v, tp: structure_by_tag(v, _FAMILIES[tp].members)
+    )
+    converter.register_unstructure_hook_func(
+        lambda tp: tp in _FAMILIES, lambda obj: converter.unstructure(obj, unstructure_as=type(obj))
+    )
 
     def structure_literal(value: Any, tp: Any) -> Any:
         allowed = typing.get_args(tp)

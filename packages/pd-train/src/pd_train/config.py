@@ -9,11 +9,18 @@ functions in :mod:`pd_train.decomposition` and :func:`check_pd_config`, raising
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
-from pd_train._config_io import ConfigError, in_range, non_negative, one_of, positive
+from pd_train._config_io import (
+    ConfigError,
+    in_range,
+    non_negative,
+    one_of,
+    positive,
+    tagged_family,
+)
 
 __all__ = [
     "MLPCI",
@@ -45,6 +52,8 @@ __all__ = [
     "VectorMLPCI",
     "check_pd_config",
     "ci_config_problems",
+    "register_ci_config",
+    "register_loss_config",
 ]
 
 
@@ -56,81 +65,44 @@ def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[i
         raise FieldValueError(attribute.name, msg)
 
 
-@attrs.frozen(kw_only=True)
-class DecompositionTarget:
-    """Sites whose names match ``module_pattern`` (fnmatch, with ``[]`` classes, e.g.
-    ``layers.2[4-9].self_attn.*``) are decomposed into ``C`` rank-1 components each."""
+class CIConfig:
+    """Base of the ``pd.ci`` configs: an open tagged union (``type`` picks the member). A CI
+    type's config class subclasses it (attrs, frozen, kw_only, a ``type`` tag) and is registered
+    with :func:`register_ci_config` (``pd_train.ci.register_ci_type`` does it), so a ``type``
+    nothing registered is refused at config time. ``problems(path)``, when a member defines it,
+    lists ``(field path, message)`` for settings that contradict each other."""
 
-    module_pattern: str
-    C: int = attrs.field(validator=positive())
+    type: str
 
-
-@attrs.frozen(kw_only=True)
-class MLPCI:
-    """Per site and component, a scalar MLP 1 -> hidden_dims -> 1 (GELU) on (x@V)_c."""
-
-    type: Literal["mlp"] = "mlp"
-    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+    @classmethod
+    def registered_configs(cls) -> tuple[Any, ...]:
+        """The registered members (the union the config reference and schema walks list)."""
+        return tuple(tagged_family(cls).members.values())
 
 
-@attrs.frozen(kw_only=True)
-class SharedMLPCI:
-    """Per site, one MLP d_in -> hidden_dims -> C (GELU) on the site's input x."""
+class LossMetric:
+    """Base of the ``pd.loss_metrics`` entries: an open tagged union like :class:`CIConfig`;
+    members are registered with :func:`register_loss_config` (``pd_train.losses.register_loss_term``
+    does it). Each has a ``type`` tag and a ``coeff``."""
 
-    type: Literal["shared_mlp"] = "shared_mlp"
-    hidden_dims: tuple[int, ...] = attrs.field(default=(256,), validator=_positive_ints)
+    type: str
+    coeff: float
 
-
-@attrs.frozen(kw_only=True)
-class VectorMLPCI:
-    """Per site and component, an MLP d_in -> hidden_dims -> 1 (exact GELU) on the site's
-    input x (spd's ``vector_mlp``)."""
-
-    type: Literal["vector_mlp"] = "vector_mlp"
-    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+    @classmethod
+    def registered_configs(cls) -> tuple[Any, ...]:
+        """The registered members (the union the config reference and schema walks list)."""
+        return tuple(tagged_family(cls).members.values())
 
 
-@attrs.frozen(kw_only=True)
-class ChunkwiseTransformerCI:
-    """The decomposed layers cut into consecutive chunks of ``blocks_per_chunk``; per chunk an
-    independent transformer: each distinct site input RMS-normalized (no learned scale) and
-    concatenated -> Linear to ``d_model`` -> ``n_blocks`` pre-norm blocks (bidirectional
-    attention with RoPE of base ``rope_theta``, ``n_kv_heads`` K/V heads (default
-    ``n_heads``), no attention bias; MLP Linear+bias -> exact GELU -> Linear+bias) -> one
-    Linear+bias head [d_model, C] per site of the chunk."""
-
-    type: Literal["chunkwise_transformer"] = "chunkwise_transformer"
-    blocks_per_chunk: int = attrs.field(default=1, validator=positive())
-    d_model: int = attrs.field(validator=positive())
-    n_blocks: int = attrs.field(validator=positive())
-    n_heads: int = attrs.field(validator=positive())
-    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
-    mlp_hidden: int = attrs.field(validator=positive())
-    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+_CI_CONFIGS = tagged_family(CIConfig)
+_LOSS_CONFIGS = tagged_family(LossMetric)
+register_ci_config = _CI_CONFIGS.register
+register_loss_config = _LOSS_CONFIGS.register
 
 
-@attrs.frozen(kw_only=True)
-class GlobalTransformerCI:
-    """The chunkwise transformer with one chunk over every decomposed site (spd's global
-    shared transformer); same fields but no ``blocks_per_chunk``."""
-
-    type: Literal["global_transformer"] = "global_transformer"
-    d_model: int = attrs.field(validator=positive())
-    n_blocks: int = attrs.field(validator=positive())
-    n_heads: int = attrs.field(validator=positive())
-    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
-    mlp_hidden: int = attrs.field(validator=positive())
-    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
-
-
-CIConfig = MLPCI | SharedMLPCI | VectorMLPCI | ChunkwiseTransformerCI | GlobalTransformerCI
-
-
-def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, str]]:
-    """``(field path, message)`` for CI settings that contradict each other (the checks that
-    need the decomposition live with the CI function: ``pd_train.ci``)."""
-    if not isinstance(ci, ChunkwiseTransformerCI | GlobalTransformerCI):
-        return []
+def _transformer_problems(
+    ci: ChunkwiseTransformerCI | GlobalTransformerCI, path: str
+) -> list[tuple[str, str]]:
     problems = []
     if ci.d_model % ci.n_heads:
         divisors = [h for h in range(1, ci.d_model + 1) if ci.d_model % h == 0]
@@ -156,15 +128,102 @@ def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, 
 
 
 @attrs.frozen(kw_only=True)
-class Faithfulness:
+class DecompositionTarget:
+    """Sites whose names match ``module_pattern`` (fnmatch, with ``[]`` classes, e.g.
+    ``layers.2[4-9].self_attn.*``) are decomposed into ``C`` rank-1 components each."""
+
+    module_pattern: str
+    C: int = attrs.field(validator=positive())
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True)
+class MLPCI(CIConfig):
+    """Per site and component, a scalar MLP 1 -> hidden_dims -> 1 (GELU) on (x@V)_c."""
+
+    type: Literal["mlp"] = "mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True)
+class SharedMLPCI(CIConfig):
+    """Per site, one MLP d_in -> hidden_dims -> C (GELU) on the site's input x."""
+
+    type: Literal["shared_mlp"] = "shared_mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(256,), validator=_positive_ints)
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True)
+class VectorMLPCI(CIConfig):
+    """Per site and component, an MLP d_in -> hidden_dims -> 1 (exact GELU) on the site's
+    input x (spd's ``vector_mlp``)."""
+
+    type: Literal["vector_mlp"] = "vector_mlp"
+    hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True)
+class ChunkwiseTransformerCI(CIConfig):
+    """The decomposed layers cut into consecutive chunks of ``blocks_per_chunk``; per chunk an
+    independent transformer: each distinct site input RMS-normalized (no learned scale) and
+    concatenated -> Linear to ``d_model`` -> ``n_blocks`` pre-norm blocks (bidirectional
+    attention with RoPE of base ``rope_theta``, ``n_kv_heads`` K/V heads (default
+    ``n_heads``), no attention bias; MLP Linear+bias -> exact GELU -> Linear+bias) -> one
+    Linear+bias head [d_model, C] per site of the chunk."""
+
+    type: Literal["chunkwise_transformer"] = "chunkwise_transformer"
+    blocks_per_chunk: int = attrs.field(default=1, validator=positive())
+    d_model: int = attrs.field(validator=positive())
+    n_blocks: int = attrs.field(validator=positive())
+    n_heads: int = attrs.field(validator=positive())
+    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
+    mlp_hidden: int = attrs.field(validator=positive())
+    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        return _transformer_problems(self, path)
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True)
+class GlobalTransformerCI(CIConfig):
+    """The chunkwise transformer with one chunk over every decomposed site (spd's global
+    shared transformer); same fields but no ``blocks_per_chunk``."""
+
+    type: Literal["global_transformer"] = "global_transformer"
+    d_model: int = attrs.field(validator=positive())
+    n_blocks: int = attrs.field(validator=positive())
+    n_heads: int = attrs.field(validator=positive())
+    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
+    mlp_hidden: int = attrs.field(validator=positive())
+    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        return _transformer_problems(self, path)
+
+
+def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, str]]:
+    """``(field path, message)`` for CI settings that contradict each other (the checks that
+    need the decomposition live with the CI function: ``pd_train.ci``)."""
+    problems = getattr(ci, "problems", None)
+    return [] if problems is None else list(problems(path))
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class Faithfulness(LossMetric):
     """Σ_sites ‖W − V@U‖² / Σ_sites numel(W)."""
 
     type: Literal["faithfulness"] = "faithfulness"
     coeff: float = attrs.field(validator=non_negative())
 
 
+@register_loss_config
 @attrs.frozen(kw_only=True)
-class ImportanceMinimality:
+class ImportanceMinimality(LossMetric):
     """Σ_sites Σ_c f_c + frequency_coeff · Σ f_c·log2(1 + reference_token_count·f_c), with
     f_c = mean over the global batch of (ci_upper + eps)^p. p goes linearly from
     ``pnorm_start`` to ``pnorm_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
@@ -180,9 +239,19 @@ class ImportanceMinimality:
     frequency_coeff: float = attrs.field(default=0.0, validator=non_negative())
     reference_token_count: int = attrs.field(default=65_536, validator=positive())
 
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        if self.anneal_end_frac >= self.anneal_start_frac:
+            return []
+        msg = (
+            f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
+            " must be >= anneal_start_frac"
+        )
+        return [(f"{path}.anneal_end_frac", msg)]
 
+
+@register_loss_config
 @attrs.frozen(kw_only=True)
-class StochasticRecon:
+class StochasticRecon(LossMetric):
     """KL(clean ‖ masked) on final logits with every site live, mean over n_samples draws."""
 
     type: Literal["stochastic_recon"] = "stochastic_recon"
@@ -190,8 +259,9 @@ class StochasticRecon:
     n_samples: int = attrs.field(default=1, validator=positive())
 
 
+@register_loss_config
 @attrs.frozen(kw_only=True)
-class ChunkwiseSubsetRecon:
+class ChunkwiseSubsetRecon(LossMetric):
     """Sites in canonical order grouped into chunks of ``sites_per_chunk``; per chunk and draw,
     k ~ U{1..n_live} and each position routes a random k-subset of the chunk's sites."""
 
@@ -219,8 +289,9 @@ class PGDEval:
     )
 
 
+@register_loss_config
 @attrs.frozen(kw_only=True)
-class PGDRecon:
+class PGDRecon(LossMetric):
     """Recon under adversarial masks found afresh each step (:class:`PGDEval`'s settings),
     mean over n_samples draws. ``sites_per_chunk``: null routes every site at every position
     (one chunk); a number uses the chunkwise-subset plan with per-position uniform-k routing."""
@@ -256,8 +327,9 @@ class PGDOptimizer:
     eps: float = attrs.field(default=1e-8, validator=non_negative())
 
 
+@register_loss_config
 @attrs.frozen(kw_only=True)
-class PersistentPGDRecon:
+class PersistentPGDRecon(LossMetric):
     """Recon (every site routed at every position) under per-site sources [B | 1, T, C + 1]
     that persist across steps in the train state. ``scope``: ``bsc`` one source per batch row
     and position (batch-sharded), ``sc`` one per position shared by the batch (replicated).
@@ -269,16 +341,6 @@ class PersistentPGDRecon:
     scope: Literal["sc", "bsc"] = attrs.field(default="bsc", validator=one_of("sc", "bsc"))
     n_warmup_steps: int = attrs.field(default=0, validator=non_negative())
     optimizer: PGDOptimizer
-
-
-LossMetric = (
-    Faithfulness
-    | ImportanceMinimality
-    | StochasticRecon
-    | ChunkwiseSubsetRecon
-    | PGDRecon
-    | PersistentPGDRecon
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -456,12 +518,9 @@ def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
             )
             problems.append((f"{where}.type", msg))
         seen.setdefault(term.type, i)
-        if isinstance(term, ImportanceMinimality) and term.anneal_end_frac < term.anneal_start_frac:
-            msg = (
-                f"got {term.anneal_end_frac}, below anneal_start_frac {term.anneal_start_frac};"
-                " must be >= anneal_start_frac"
-            )
-            problems.append((f"{where}.anneal_end_frac", msg))
+        term_problems = getattr(term, "problems", None)
+        if term_problems is not None:
+            problems.extend(term_problems(where))
     if not pd.loss_metrics:
         problems.append((f"{path}.loss_metrics", "is empty; list at least one loss term"))
     problems.extend(ci_config_problems(pd.ci, path=f"{path}.ci"))

@@ -42,7 +42,6 @@ What the method needs, per step (B·T = N positions):
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 import re
@@ -54,20 +53,7 @@ from typing import Any
 
 import attrs
 
-from pd_train.config import (
-    MLPCI,
-    ChunkwiseSubsetRecon,
-    ChunkwiseTransformerCI,
-    Faithfulness,
-    GlobalTransformerCI,
-    ImportanceMinimality,
-    PDConfig,
-    PersistentPGDRecon,
-    PGDRecon,
-    SharedMLPCI,
-    StochasticRecon,
-    VectorMLPCI,
-)
+from pd_train.config import PDConfig
 from pd_train.decomposition import Decomposition, build_decomposition
 from pd_train.models.llama_config import LlamaConfig
 
@@ -76,7 +62,9 @@ __all__ = [
     "CPU_PEAK_FILE",
     "PEAK_TFLOPS",
     "Census",
+    "CensusContext",
     "CompiledCost",
+    "FlopAccumulator",
     "FlopEntry",
     "HloFlops",
     "MFUMeter",
@@ -293,64 +281,63 @@ def _masked_forward(
            phase=phase, times=times)  # fmt: skip
 
 
+@attrs.define(kw_only=True)
+class CensusContext:
+    """What a loss term's or a CI type's FLOP count adds to (:func:`step_census`): ``acc``
+    takes matmuls (``acc.mm(m, k, n, term=, part=, kind=, dx=, dw=, times=)``), attention and
+    flat counts; batches are [batch_size, seq_len]; ``model`` is the target (None when only the
+    CI function is counted)."""
+
+    acc: _Acc
+    decomposition: Decomposition
+    batch_size: int
+    seq_len: int
+    model: LlamaConfig | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def recon_forwards(self, term: str, plan: Any, *, samples: int, ascents: int = 0) -> None:
+        """Per chunk of ``plan``: ``samples`` masked forwards with backward, and ``ascents``
+        masked forwards with backward (the PGD ascents, phase ``pgd_ascent``)."""
+        assert self.model is not None
+        b, t = self.batch_size, self.seq_len
+        for live in _live_sets(self.decomposition, plan.chunks):
+            _masked_forward(self.acc, self.model, self.decomposition, live, b, t, term=term,
+                            train=True, phase="step", times=samples)  # fmt: skip
+            _masked_forward(self.acc, self.model, self.decomposition, live, b, t, term=term,
+                            train=False, phase="pgd_ascent", times=ascents)  # fmt: skip
+
+    def optimizer(self, numel: float, *, term: str, kind: str | None = None) -> None:
+        """An Adam update of ``numel`` elements (``ADAM_FLOPS_PER_PARAM`` each)."""
+        self.acc.flat(ADAM_FLOPS_PER_PARAM * numel, term=term, part="optimizer", kind=kind)
+
+
+#: The public name of the census's accumulator (``CensusContext.acc``).
+FlopAccumulator = _Acc
+
+
 def ci_fn_flops(
     pd: PDConfig, decomposition: Decomposition, *, batch_size: int, seq_len: int
 ) -> list[FlopEntry]:
     """The CI function's forward and backward FLOPs, per kind (site-local types) or per part
-    (transformers), for ``pd.ci`` — one branch per ``pd.ci.type``."""
-    acc = _Acc()
-    ci = pd.ci
-    n = batch_size * seq_len
-    common: dict[str, Any] = {"term": "ci_fn", "part": "ci_fn"}
-    if isinstance(ci, MLPCI | VectorMLPCI):
-        for lay in decomposition.kinds:
-            kw: dict[str, Any] = {**common, "kind": lay.kind, "times": len(lay.layers)}
-            h = ci.hidden_dims
-            if isinstance(ci, MLPCI):  # x@V, then per component 1 -> h0 (elementwise)
-                acc.mm(n, lay.d_in, lay.C, dx=False, dw=True, **kw)
-                acc.mm(n * lay.C, 1, h[0], dx=True, dw=True, **kw)
-            else:  # per component d_in -> h0 on x
-                acc.mm(n * lay.C, lay.d_in, h[0], dx=False, dw=True, **kw)
-            for a, c in itertools.pairwise(h):
-                acc.mm(n * lay.C, a, c, dx=True, dw=True, **kw)
-            acc.mm(n * lay.C, h[-1], 1, dx=True, dw=True, **kw)
-    elif isinstance(ci, SharedMLPCI):
-        for lay in decomposition.kinds:
-            kw = {**common, "kind": lay.kind, "times": len(lay.layers)}
-            dims = (lay.d_in, *ci.hidden_dims, lay.C)
-            for i, (a, c) in enumerate(itertools.pairwise(dims)):
-                acc.mm(n, a, c, dx=i > 0, dw=True, **kw)
-    elif isinstance(ci, ChunkwiseTransformerCI | GlobalTransformerCI):
-        from pd_train.ci import make_ci_function
+    (transformers), for ``pd.ci``: its registered type's count (:mod:`pd_train.ci`)."""
+    from pd_train.ci import ci_type, make_ci_function
 
-        fn: Any = make_ci_function(ci, decomposition=decomposition)
-        n_chunks = len(fn.chunks())
-        d, hid = ci.d_model, ci.mlp_hidden
-        kv = fn.kv_heads * fn.head_dim
-        nb = ci.n_blocks * n_chunks
-        acc.mm(n, fn.input_dim(), d, dx=False, dw=True, times=n_chunks, **common)
-        for k_, n_ in ((d, d), (d, kv), (d, kv), (d, d), (d, hid), (hid, d)):
-            acc.mm(n, k_, n_, dx=True, dw=True, times=nb, **common)
-        acc.attention(batch_size, seq_len, ci.n_heads, fn.head_dim, grad=True, times=nb, **common)
-        for lay in decomposition.kinds:
-            acc.mm(n, d, lay.C, dx=True, dw=True, kind=lay.kind, times=len(lay.layers), **common)
-    else:
-        msg = f"pd.ci.type: no FLOP count for {ci!r}"
-        raise ValueError(msg)
-    return acc.entries
+    census = CensusContext(
+        acc=_Acc(), decomposition=decomposition, batch_size=batch_size, seq_len=seq_len
+    )
+    fn = make_ci_function(pd.ci, decomposition=decomposition)
+    ci_type(pd.ci).flops(pd.ci, fn, census)
+    return census.acc.entries
 
 
 def _ci_param_count(pd: PDConfig, decomposition: Decomposition) -> int:
-    from pd_train.ci import make_ci_function
+    from pd_train.ci import ci_type, make_ci_function
 
     fn = make_ci_function(pd.ci, decomposition=decomposition)
-    total = 0
-    for a in fn.arrays(decomposition):
-        size = 1
-        for s in a.shape:
-            size *= s
-        total += size
-    return total
+    return ci_type(pd.ci).param_count(fn, decomposition)
 
 
 def _live_sets(
@@ -362,8 +349,10 @@ def _live_sets(
 
 def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
     """The useful FLOPs of one train step of ``pd`` on ``model`` with batches [pd.batch_size,
-    seq_len] (see the module docstring for what counts)."""
-    from pd_train.losses import all_sites_plan, chunkwise_plan
+    seq_len] (see the module docstring for what counts): the clean forward and CI function when
+    a term needs CI, each term's own count (:meth:`pd_train.losses.LossTerm.flops`), the
+    optimizers."""
+    from pd_train.losses import loss_term
 
     if not isinstance(model, LlamaConfig):  # another registered kind may count its own
         from pd_train.targets import kind_of
@@ -375,53 +364,19 @@ def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
         return kind.census(model, pd, seq_len=seq_len)  # type: ignore[no-any-return]
     decomposition = build_decomposition(model, pd.decomposition_targets)
     b, t = pd.batch_size, seq_len
-    acc = _Acc()
-    needs_ci = any(not isinstance(term, Faithfulness) for term in pd.loss_metrics)
-    if needs_ci:
-        _clean_forward(acc, model, b, t)
-        acc.entries.extend(ci_fn_flops(pd, decomposition, batch_size=b, seq_len=t))
-    for term in pd.loss_metrics:
-        name = term.type
-        if isinstance(term, Faithfulness):
-            for lay in decomposition.kinds:
-                acc.mm(lay.d_in, lay.C, lay.d_out, term=name, part="faithfulness", kind=lay.kind,
-                       dx=True, dw=True, times=len(lay.layers))  # fmt: skip
-            continue
-        if isinstance(term, ImportanceMinimality):
-            continue  # elementwise on ci_upper only
-        if isinstance(term, StochasticRecon | PersistentPGDRecon):
-            plan = all_sites_plan(decomposition)
-        elif isinstance(term, ChunkwiseSubsetRecon):
-            plan = chunkwise_plan(decomposition, term.sites_per_chunk)
-        elif isinstance(term, PGDRecon):
-            plan = (
-                all_sites_plan(decomposition)
-                if term.sites_per_chunk is None
-                else chunkwise_plan(decomposition, term.sites_per_chunk)
-            )
-        else:
-            msg = f"pd.loss_metrics: no FLOP count for term {term!r}"
-            raise ValueError(msg)
-        samples = getattr(term, "n_samples", 1)
-        ascents = 0
-        if isinstance(term, PGDRecon):
-            ascents = term.n_steps * samples
-        elif isinstance(term, PersistentPGDRecon):
-            ascents = term.n_warmup_steps
-        for live in _live_sets(decomposition, plan.chunks):
-            _masked_forward(acc, model, decomposition, live, b, t, term=name, train=True,
-                            phase="step", times=samples)  # fmt: skip
-            _masked_forward(acc, model, decomposition, live, b, t, term=name, train=False,
-                            phase="pgd_ascent", times=ascents)  # fmt: skip
-        if isinstance(term, PersistentPGDRecon):
-            lead = b if term.scope == "bsc" else 1
-            numel = sum(len(k.layers) * lead * t * (k.C + 1) for k in decomposition.kinds)
-            acc.flat(ADAM_FLOPS_PER_PARAM * numel, term=name, part="optimizer")
+    census = CensusContext(
+        acc=_Acc(), decomposition=decomposition, batch_size=b, seq_len=t, model=model
+    )
+    terms = [(config, loss_term(config)) for config in pd.loss_metrics]
+    if any(term.needs_ci for _, term in terms):
+        _clean_forward(census.acc, model, b, t)
+        census.acc.entries.extend(ci_fn_flops(pd, decomposition, batch_size=b, seq_len=t))
+    for config, term in terms:
+        term.flops(config, census, plan=term.plan(config, decomposition))
     n_comp = sum(len(k.layers) * k.C * (k.d_in + k.d_out) for k in decomposition.kinds)
-    acc.flat(ADAM_FLOPS_PER_PARAM * n_comp, term="optimizer", part="optimizer", kind="components")
-    acc.flat(ADAM_FLOPS_PER_PARAM * _ci_param_count(pd, decomposition), term="optimizer",
-             part="optimizer", kind="ci_fn")  # fmt: skip
-    return Census(entries=tuple(acc.entries), tokens=b * t)
+    census.optimizer(n_comp, term="optimizer", kind="components")
+    census.optimizer(_ci_param_count(pd, decomposition), term="optimizer", kind="ci_fn")
+    return Census(entries=tuple(census.acc.entries), tokens=b * t)
 
 
 def census_summary(census: Census) -> Mapping[str, float]:

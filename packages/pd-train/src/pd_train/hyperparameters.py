@@ -10,8 +10,8 @@ classified here):
 * **value** — a scalar hyperparameter that changes no shape and no structure: coefficients,
   learning rates and their schedules, p and its anneal, PGD step sizes and lrs, step counts,
   warmup lengths, thresholds, the seed. DESIGN decision 9: these enter the programs as data, so
-  changing one loads every program from the compile cache. Until issue 27's item 1 lands, most
-  are still trace-time constants; :data:`DATA_VALUE_FIELDS` lists those that are data already.
+  changing one loads every program from the compile cache; :data:`CONSTANT_VALUE_FIELDS`
+  lists the few that are still trace-time constants of some program.
   Some values are structural at one point (``switch``): ``null`` turns clipping off, ``0``
   drops the frequency term; crossing that point recompiles.
 * **outside** — never reaches a compiled program: names, paths, cadences, the compile cache's
@@ -36,6 +36,7 @@ from typing import Any, Literal
 import attrs
 
 __all__ = [
+    "CONSTANT_VALUE_FIELDS",
     "DATA_VALUE_FIELDS",
     "FIELDS",
     "FieldClass",
@@ -328,13 +329,18 @@ FIELDS: tuple[FieldClass, ...] = tuple(
     ]
 )
 
-#: Value fields that already enter the programs as data (or never reach a program), so a
-#: change of one alone loads every program from the cache today. Issue 27's item 1 makes every
-#: value field data; extend this set as it lands (the miss explanation and the
-#: config-change benchmark read it).
-DATA_VALUE_FIELDS = frozenset({"seed", "pd.faithfulness_warmup.steps"})
+#: Value fields that are still trace-time constants of some program: the eval programs bake
+#: in their L0 threshold and the fresh-PGD eval's step size (pd_train.evaluate).
+CONSTANT_VALUE_FIELDS = frozenset({"pd.l0_threshold", "pd.eval_pgd.step_size"})
 
 _BY_PATH = {f.path: f for f in FIELDS}
+
+#: Value fields that enter every program as data (or never reach a program), so a change of
+#: one alone loads every program from the cache: all but :data:`CONSTANT_VALUE_FIELDS` (the
+#: miss explanation and the config-change benchmark read it).
+DATA_VALUE_FIELDS = frozenset(
+    f.path for f in FIELDS if f.kind == "value" and f.path not in CONSTANT_VALUE_FIELDS
+)
 
 
 def classify(path: str) -> FieldClass:
@@ -383,14 +389,23 @@ def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
+def _registered_union(tp: Any) -> Any:
+    """A registry-built union's base (it defines ``registered_configs``: pd.ci, the loss
+    terms) as the ``Union`` of its registered members; any other type as it is."""
+    if isinstance(tp, type) and "registered_configs" in vars(tp) and tp.__name__ != "TargetConfig":
+        return typing.Union[tuple(typing.cast(Any, tp).registered_configs())]  # noqa: UP007
+    return tp
+
+
 def _walk(cls: type, prefix: str) -> Iterator[str]:
     hints = typing.get_type_hints(cls)
     for a in attrs.fields(cls):
-        tp, path = hints[a.name], f"{prefix}.{a.name}" if prefix else a.name
+        tp, path = _registered_union(hints[a.name]), f"{prefix}.{a.name}" if prefix else a.name
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+        item = _registered_union(item)
         if isinstance(tp, type) and "registered_configs" in vars(tp):
-            # A union built from a registry (target kinds): the members' fields by name, each
-            # once; ``type`` (which member) is a field of its own.
+            # The target kinds: the members' fields by name, each once (every kind reads
+            # checkpoint, architecture, dtype, strict alike); ``type`` is a field of its own.
             seen: set[str] = set()
             for member in typing.cast(Any, tp).registered_configs():
                 for leaf in _walk(member, path):

@@ -116,10 +116,12 @@ def _decomposition(prepared: Prepared) -> Any:
 
 def _chunkwise_terms(prepared: Prepared) -> list[tuple[int, int]]:
     """(index in pd.loss_metrics, sites_per_chunk) of every chunkwise subset recon term."""
+    from pd_train.config import ChunkwiseSubsetRecon
+
     return [
         (i, term.sites_per_chunk)
         for i, term in enumerate(prepared.config.pd.loss_metrics)
-        if term.type == "chunkwise_subset_recon"
+        if isinstance(term, ChunkwiseSubsetRecon)
     ]
 
 

@@ -241,9 +241,10 @@ class ProgramRecords:
 
 
 def _is_data(path: str) -> bool:
-    """Whether the concrete value path ``path`` is one of :data:`DATA_VALUE_FIELDS` (their
-    paths hold no list index, so the concrete path is the schema path)."""
-    return path in hyperparameters.DATA_VALUE_FIELDS
+    """Whether the concrete value path ``path`` enters every program as data: it is not one of
+    :data:`~pd_train.hyperparameters.CONSTANT_VALUE_FIELDS` (their paths hold no list index, so
+    the concrete path is the schema path)."""
+    return path not in hyperparameters.CONSTANT_VALUE_FIELDS
 
 
 def label(info: Mapping[str, Any]) -> str:

@@ -11,8 +11,10 @@
 =========================  =====================================================  ==============
 
 The interface (:class:`CIFunction`) and what the site-local functions share are in
-``_base``; adding a type is one new module plus its config class and a line in
-:func:`make_ci_function`. All MLPs use the exact (erf) GELU.
+``_base``; the registry (:class:`CIType`, :func:`register_ci_type`) in ``_registry``. Adding a
+type is one new module: its config class (subclassing :class:`pd_train.config.CIConfig`), its
+CI function and a registered :class:`CIType` (build, FLOPs, parameter count). All MLPs use the
+exact (erf) GELU.
 """
 
 from __future__ import annotations
@@ -22,23 +24,19 @@ from collections.abc import Callable
 import jax
 
 from pd_train.ci._base import CIArray, CIFunction, CleanRun, ParamSpec, SiteCIFunction, SiteFn
+from pd_train.ci._registry import CI_TYPES, CIType, ci_type, register_ci_type
 from pd_train.ci.mlp import MLPCIFunction
 from pd_train.ci.shared_mlp import SharedMLPCIFunction
 from pd_train.ci.transformer import TransformerCIFunction
 from pd_train.ci.vector_mlp import VectorMLPCIFunction
-from pd_train.config import (
-    MLPCI,
-    ChunkwiseTransformerCI,
-    CIConfig,
-    GlobalTransformerCI,
-    SharedMLPCI,
-    VectorMLPCI,
-)
+from pd_train.config import CIConfig
 from pd_train.decomposition import Decomposition
 
 __all__ = [
+    "CI_TYPES",
     "CIArray",
     "CIFunction",
+    "CIType",
     "CleanRun",
     "MLPCIFunction",
     "ParamSpec",
@@ -48,7 +46,9 @@ __all__ = [
     "TransformerCIFunction",
     "VectorMLPCIFunction",
     "ci_param_specs",
+    "ci_type",
     "make_ci_function",
+    "register_ci_type",
 ]
 
 
@@ -63,34 +63,12 @@ def make_ci_function(
     remat: bool = False,
     constrain: Callable[[jax.Array], jax.Array] = _identity,
 ) -> CIFunction:
-    """The CI function a config names. The transformers need the ``decomposition`` they serve
-    (their chunks and taps depend on it) and ``constrain`` (keep activations batch-sharded)."""
-    if isinstance(config, MLPCI):
-        return MLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
-    if isinstance(config, SharedMLPCI):
-        return SharedMLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
-    if isinstance(config, VectorMLPCI):
-        return VectorMLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
-    if isinstance(config, ChunkwiseTransformerCI | GlobalTransformerCI):
-        if decomposition is None:
-            msg = f"make_ci_function: pd.ci.type {config.type!r} needs the decomposition"
-            raise ValueError(msg)
-        bpc = config.blocks_per_chunk if isinstance(config, ChunkwiseTransformerCI) else None
-        return TransformerCIFunction(
-            decomposition=decomposition,
-            d_model=config.d_model,
-            n_blocks=config.n_blocks,
-            n_heads=config.n_heads,
-            n_kv_heads=config.n_kv_heads,
-            mlp_hidden=config.mlp_hidden,
-            blocks_per_chunk=bpc,
-            rope_theta=config.rope_theta,
-            remat=remat,
-            constrain=constrain,
-        )
-    allowed = "'mlp', 'shared_mlp', 'vector_mlp', 'chunkwise_transformer', 'global_transformer'"
-    msg = f"pd.ci.type: unknown CI function {config!r}; allowed: {allowed}"
-    raise ValueError(msg)
+    """The CI function a config names (its registered :class:`CIType` builds it). The
+    transformers need the ``decomposition`` they serve (their chunks and taps depend on it) and
+    ``constrain`` (keep activations batch-sharded)."""
+    return ci_type(config).build(
+        config, decomposition=decomposition, remat=remat, constrain=constrain
+    )
 
 
 def ci_param_specs(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
@@ -10,9 +12,20 @@ import jax.numpy as jnp
 
 import pd_init
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun
+from pd_train.ci._registry import CIType, register_ci_type
+from pd_train.config import MLPCI
 from pd_train.decomposition import KindLayout
 
-__all__ = ["MLPCIFunction", "component_mlp_rest", "component_mlp_specs"]
+if TYPE_CHECKING:
+    from pd_train.flops import CensusContext
+
+__all__ = [
+    "MLPCIFunction",
+    "MLPCIType",
+    "component_mlp_flops",
+    "component_mlp_rest",
+    "component_mlp_specs",
+]
 
 
 def component_mlp_specs(
@@ -65,3 +78,44 @@ class MLPCIFunction(SiteCIFunction):
 
     def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
         return self.site_apply(params, x @ V)
+
+
+def component_mlp_flops(
+    layout: KindLayout, hidden: tuple[int, ...], census: CensusContext, *, on_x: bool
+) -> None:
+    """C per-component MLPs on n positions: the first layer (on x@V, elementwise, or on x),
+    the hidden layers, the output; dx where the input carries gradient."""
+    n = census.tokens
+    kw: dict[str, Any] = {
+        "term": "ci_fn",
+        "part": "ci_fn",
+        "kind": layout.kind,
+        "times": len(layout.layers),
+    }
+    acc = census.acc
+    if on_x:  # per component d_in -> h0 on x
+        acc.mm(n * layout.C, layout.d_in, hidden[0], dx=False, dw=True, **kw)
+    else:  # x@V, then per component 1 -> h0 (elementwise)
+        acc.mm(n, layout.d_in, layout.C, dx=False, dw=True, **kw)
+        acc.mm(n * layout.C, 1, hidden[0], dx=True, dw=True, **kw)
+    for a, c in itertools.pairwise(hidden):
+        acc.mm(n * layout.C, a, c, dx=True, dw=True, **kw)
+    acc.mm(n * layout.C, hidden[-1], 1, dx=True, dw=True, **kw)
+
+
+class MLPCIType(CIType):
+    """``mlp``: params per kind (:class:`MLPCIFunction`)."""
+
+    config_cls = MLPCI
+
+    def build(
+        self, config: Any, *, decomposition: Any, remat: bool, constrain: Any
+    ) -> MLPCIFunction:
+        return MLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
+
+    def flops(self, config: Any, fn: Any, census: CensusContext) -> None:
+        for layout in census.decomposition.kinds:
+            component_mlp_flops(layout, tuple(config.hidden_dims), census, on_x=False)
+
+
+register_ci_type(MLPCIType())

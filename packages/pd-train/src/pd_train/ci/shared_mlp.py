@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
@@ -10,9 +12,14 @@ import jax.numpy as jnp
 
 import pd_init
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun
+from pd_train.ci._registry import CIType, register_ci_type
+from pd_train.config import SharedMLPCI
 from pd_train.decomposition import KindLayout
 
-__all__ = ["SharedMLPCIFunction"]
+if TYPE_CHECKING:
+    from pd_train.flops import CensusContext
+
+__all__ = ["SharedMLPCIFunction", "SharedMLPCIType"]
 
 
 @attrs.frozen(kw_only=True)
@@ -49,3 +56,24 @@ class SharedMLPCIFunction(SiteCIFunction):
     def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
         del V
         return self.site_apply(params, x)
+
+
+class SharedMLPCIType(CIType):
+    """``shared_mlp``: params per kind (:class:`SharedMLPCIFunction`)."""
+
+    config_cls = SharedMLPCI
+
+    def build(
+        self, config: Any, *, decomposition: Any, remat: bool, constrain: Any
+    ) -> SharedMLPCIFunction:
+        return SharedMLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
+
+    def flops(self, config: Any, fn: Any, census: CensusContext) -> None:
+        for layout in census.decomposition.kinds:
+            dims = (layout.d_in, *config.hidden_dims, layout.C)
+            for i, (a, c) in enumerate(itertools.pairwise(dims)):
+                census.acc.mm(census.tokens, a, c, dx=i > 0, dw=True, term="ci_fn", part="ci_fn",
+                              kind=layout.kind, times=len(layout.layers))  # fmt: skip
+
+
+register_ci_type(SharedMLPCIType())

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
@@ -55,11 +55,16 @@ from jax.sharding import PartitionSpec
 import pd_init
 from pd_train._config_io import ConfigError
 from pd_train.ci._base import CIArray, CleanRun, gelu, he, lecun, rms_normalize
+from pd_train.ci._registry import CIType, register_ci_type
+from pd_train.config import ChunkwiseTransformerCI, GlobalTransformerCI
 from pd_train.decomposition import Decomposition, site_name
 from pd_train.losses.chunk_vjp import scan_map
 from pd_train.models import llama
 
-__all__ = ["TransformerCIFunction"]
+if TYPE_CHECKING:
+    from pd_train.flops import CensusContext
+
+__all__ = ["ChunkwiseTransformerCIType", "GlobalTransformerCIType", "TransformerCIFunction"]
 
 #: The RMS-norm eps of the taps and the blocks: fp32 machine epsilon (torch's rms_norm default).
 RMS_EPS = float(np.finfo(np.float32).eps)
@@ -349,3 +354,62 @@ class TransformerCIFunction:
         m = rms_normalize(h, RMS_EPS)
         h = h + gelu(m @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]
         return self.constrain(h)
+
+
+class _TransformerCIType(CIType):
+    """The transformers: params per chunk; they need the decomposition they serve."""
+
+    def build(
+        self,
+        config: Any,
+        *,
+        decomposition: Decomposition | None,
+        remat: bool,
+        constrain: Callable[[jax.Array], jax.Array],
+    ) -> TransformerCIFunction:
+        if decomposition is None:
+            msg = f"make_ci_function: pd.ci.type {config.type!r} needs the decomposition"
+            raise ValueError(msg)
+        return TransformerCIFunction(
+            decomposition=decomposition,
+            d_model=config.d_model,
+            n_blocks=config.n_blocks,
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
+            mlp_hidden=config.mlp_hidden,
+            blocks_per_chunk=getattr(config, "blocks_per_chunk", None),
+            rope_theta=config.rope_theta,
+            remat=remat,
+            constrain=constrain,
+        )
+
+    def flops(self, config: Any, fn: Any, census: CensusContext) -> None:
+        acc, n = census.acc, census.tokens
+        common: dict[str, Any] = {"term": "ci_fn", "part": "ci_fn"}
+        n_chunks = len(fn.chunks())
+        d, hid = config.d_model, config.mlp_hidden
+        kv = fn.kv_heads * fn.head_dim
+        nb = config.n_blocks * n_chunks
+        acc.mm(n, fn.input_dim(), d, dx=False, dw=True, times=n_chunks, **common)
+        for k_, n_ in ((d, d), (d, kv), (d, kv), (d, d), (d, hid), (hid, d)):
+            acc.mm(n, k_, n_, dx=True, dw=True, times=nb, **common)
+        acc.attention(census.batch_size, census.seq_len, config.n_heads, fn.head_dim, grad=True,
+                      times=nb, **common)  # fmt: skip
+        for lay in census.decomposition.kinds:
+            acc.mm(n, d, lay.C, dx=True, dw=True, kind=lay.kind, times=len(lay.layers), **common)
+
+
+class ChunkwiseTransformerCIType(_TransformerCIType):
+    """``chunkwise_transformer``: one transformer per chunk of ``blocks_per_chunk`` layers."""
+
+    config_cls = ChunkwiseTransformerCI
+
+
+class GlobalTransformerCIType(_TransformerCIType):
+    """``global_transformer``: one transformer over every decomposed site."""
+
+    config_cls = GlobalTransformerCI
+
+
+register_ci_type(ChunkwiseTransformerCIType())
+register_ci_type(GlobalTransformerCIType())

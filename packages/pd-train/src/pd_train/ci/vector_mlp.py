@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import jax
 import jax.numpy as jnp
 
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu
-from pd_train.ci.mlp import component_mlp_rest, component_mlp_specs
+from pd_train.ci._registry import CIType, register_ci_type
+from pd_train.ci.mlp import component_mlp_flops, component_mlp_rest, component_mlp_specs
+from pd_train.config import VectorMLPCI
 from pd_train.decomposition import KindLayout
 
-__all__ = ["VectorMLPCIFunction"]
+if TYPE_CHECKING:
+    from pd_train.flops import CensusContext
+
+__all__ = ["VectorMLPCIFunction", "VectorMLPCIType"]
 
 
 @attrs.frozen(kw_only=True)
@@ -42,3 +48,21 @@ class VectorMLPCIFunction(SiteCIFunction):
     def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
         del V
         return self.site_apply(params, x)
+
+
+class VectorMLPCIType(CIType):
+    """``vector_mlp``: params per kind (:class:`VectorMLPCIFunction`)."""
+
+    config_cls = VectorMLPCI
+
+    def build(
+        self, config: Any, *, decomposition: Any, remat: bool, constrain: Any
+    ) -> VectorMLPCIFunction:
+        return VectorMLPCIFunction(hidden_dims=tuple(config.hidden_dims), remat=remat)
+
+    def flops(self, config: Any, fn: Any, census: CensusContext) -> None:
+        for layout in census.decomposition.kinds:
+            component_mlp_flops(layout, tuple(config.hidden_dims), census, on_x=True)
+
+
+register_ci_type(VectorMLPCIType())

@@ -1,4 +1,16 @@
-"""The loss terms, each a pure function of small arrays, reduced in fp32.
+"""The loss terms: one registered :class:`LossTerm` per ``pd.loss_metrics`` type, each in its
+own module, over pure functions of small arrays reduced in fp32.
+
+To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) and a
+``LossTerm`` subclass with ``config_cls`` set, registered by ``register_loss_term(MyTerm())``
+(see :mod:`pd_train.losses._term` for what a term describes). The built-in terms:
+
+* :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
+  minimality), :mod:`~pd_train.losses.stochastic_recon`,
+  :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
+  :mod:`~pd_train.losses.persistent_pgd_recon`.
+
+What they build on:
 
 * :mod:`~pd_train.losses.faithfulness` — ‖W − V@U‖²;
 * :mod:`~pd_train.losses.importance` — importance minimality (p annealing) and L0;
@@ -8,9 +20,25 @@
 
 from __future__ import annotations
 
-from pd_train.losses.faithfulness import faithfulness
-from pd_train.losses.importance import importance_minimality, l0, pnorm_at
+from pd_train.losses._term import (
+    LOSS_TERMS,
+    LossTerm,
+    TermInputs,
+    loss_term,
+    register_loss_term,
+)
+from pd_train.losses.chunkwise_subset_recon import ChunkwiseSubsetReconTerm
+from pd_train.losses.faithfulness import FaithfulnessTerm, faithfulness
+from pd_train.losses.importance import (
+    ImportanceMinimalityTerm,
+    annealed_pnorm,
+    importance_minimality,
+    l0,
+    pnorm_at,
+)
+from pd_train.losses.persistent_pgd_recon import PersistentPGDReconTerm
 from pd_train.losses.pgd import FreshPGD, PersistentPGD, adam_ascent, sign_ascent
+from pd_train.losses.pgd_recon import PGDReconTerm
 from pd_train.losses.recon import (
     ReconPlan,
     all_sites_plan,
@@ -21,21 +49,34 @@ from pd_train.losses.recon import (
     routing_masks,
     site_grid,
 )
+from pd_train.losses.stochastic_recon import StochasticReconTerm
 
 __all__ = [
+    "LOSS_TERMS",
+    "ChunkwiseSubsetReconTerm",
+    "FaithfulnessTerm",
     "FreshPGD",
+    "ImportanceMinimalityTerm",
+    "LossTerm",
+    "PGDReconTerm",
     "PersistentPGD",
+    "PersistentPGDReconTerm",
     "ReconPlan",
+    "StochasticReconTerm",
+    "TermInputs",
     "adam_ascent",
     "all_sites_plan",
+    "annealed_pnorm",
     "chunkwise_plan",
     "faithfulness",
     "importance_minimality",
     "kl_clean_masked",
     "l0",
+    "loss_term",
     "paired_all_sites_loss",
     "pnorm_at",
     "recon_loss",
+    "register_loss_term",
     "routing_masks",
     "sign_ascent",
     "site_grid",

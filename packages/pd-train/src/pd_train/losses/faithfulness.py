@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pd_train.config import Faithfulness
 from pd_train.decomposition import Decomposition
+from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
-__all__ = ["faithfulness"]
+if TYPE_CHECKING:
+    from pd_train.flops import CensusContext
+    from pd_train.losses.recon import ReconPlan
+
+__all__ = ["FaithfulnessTerm", "faithfulness"]
 
 
 def _layers_of(stack: jax.Array, layers: tuple[int, ...]) -> jax.Array:
@@ -45,3 +52,32 @@ def faithfulness(
         numel += len(layout.layers) * layout.d_in * layout.d_out
     # A Python float: at Llama-8B size numel is ~7e9, beyond the int32 a Python int becomes.
     return total / float(numel)
+
+
+class FaithfulnessTerm(LossTerm):
+    """``faithfulness``: needs no CI; one [d_in, C] @ [C, d_out] product per site."""
+
+    config_cls = Faithfulness
+    needs_ci = False
+
+    def value(
+        self,
+        config: Any,
+        inputs: TermInputs,
+        *,
+        plan: ReconPlan | None,
+        hp: Hyperparams,
+        key: jax.Array,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        del config, plan, hp, key
+        decomposition = inputs.spec.decomposition
+        return faithfulness(inputs.target["layers"], inputs.params["components"], decomposition), {}
+
+    def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
+        del plan
+        for lay in census.decomposition.kinds:
+            census.acc.mm(lay.d_in, lay.C, lay.d_out, term=config.type, part="faithfulness",
+                          kind=lay.kind, dx=True, dw=True, times=len(lay.layers))  # fmt: skip
+
+
+register_loss_term(FaithfulnessTerm())

@@ -35,12 +35,13 @@ import jax.numpy as jnp
 import pd_init
 from pd_train.config import OptimizerConfig, PersistentPGDRecon, PGDEval, PGDRecon
 from pd_train.decomposition import Decomposition, site_name
-from pd_train.optim import lr_schedule
+from pd_train.optim import schedule_hyperparams, scheduled_lr
 
 __all__ = [
     "FreshPGD",
     "PersistentPGD",
     "adam_ascent",
+    "persistent_pgd_hyperparams",
     "sign_ascent",
 ]
 
@@ -93,15 +94,17 @@ class FreshPGD:
 
     init: str = "random"
     n_steps: int = 20
-    step_size: float = 0.1
+    #: A float, or an f32 [] array (a step's hyperparameter argument).
+    step_size: Any = 0.1
     mask_scope: str = "unique_per_datapoint"
 
     @classmethod
-    def of(cls, config: PGDRecon | PGDEval) -> FreshPGD:
+    def of(cls, config: PGDRecon | PGDEval, step_size: Any = None) -> FreshPGD:
+        """The settings of ``config``, with ``step_size`` (e.g. an array) in place of its own."""
         return cls(
             init=config.init,
             n_steps=config.n_steps,
-            step_size=config.step_size,
+            step_size=config.step_size if step_size is None else step_size,
             mask_scope=config.mask_scope,
         )
 
@@ -137,6 +140,24 @@ class FreshPGD:
         return jax.lax.stop_gradient(jax.lax.fori_loop(0, self.n_steps, body, sources))
 
 
+def persistent_pgd_hyperparams(term: PersistentPGDRecon, total_steps: int) -> dict[str, Any]:
+    """The sources' optimizer scalars as data: the lr schedule's (warmup over
+    ``warmup_frac``·total_steps, then cosine to ``final_val_frac``·lr;
+    :func:`pd_train.optim.schedule_hyperparams`), b1, b2 and eps."""
+    opt = term.optimizer
+    schedule = OptimizerConfig(
+        lr=opt.lr,
+        warmup_steps=round(opt.warmup_frac * total_steps),
+        final_val_frac=opt.final_val_frac,
+    )
+    return {
+        "schedule": schedule_hyperparams(schedule, total_steps),
+        "b1": float(opt.b1),
+        "b2": float(opt.b2),
+        "eps": float(opt.eps),
+    }
+
+
 class PersistentPGD:
     """The persistent sources of one ``persistent_pgd_recon`` term: their specs, shapes,
     shardings, optimizer and ascents.
@@ -166,15 +187,7 @@ class PersistentPGD:
         self.batch_size = batch_size
         self.seq_len = seq_len
         self.layout = layout
-        opt = term.optimizer
-        self.schedule = lr_schedule(
-            OptimizerConfig(
-                lr=opt.lr,
-                warmup_steps=round(opt.warmup_frac * total_steps),
-                final_val_frac=opt.final_val_frac,
-            ),
-            total_steps,
-        )
+        self._hp = persistent_pgd_hyperparams(term, total_steps)
         self._plan: pd_init.InitPlan | None = None
 
     # ---------------------------------------------------------------- shapes and layout
@@ -268,18 +281,29 @@ class PersistentPGD:
         return opt
 
     # ---------------------------------------------------------------- ascents
-    def lr(self, step: Any) -> jax.Array:
-        return self.schedule(step)
+    def hyperparams(self) -> dict[str, Any]:
+        """The sources' optimizer scalars as data: the lr schedule's
+        (:func:`pd_train.optim.schedule_hyperparams`), b1, b2 and eps. The methods below take
+        them as ``hp`` (e.g. arrays of the jitted step's argument); None: these values."""
+        return {**self._hp, "schedule": dict(self._hp["schedule"])}
+
+    def lr(self, step: Any, hp: Mapping[str, Any] | None = None) -> jax.Array:
+        return scheduled_lr((self._hp if hp is None else hp)["schedule"], step)
 
     def ascend(
-        self, sources: Mapping[str, jax.Array], opt_state: Mapping[str, Any], grads: Any, lr: Any
+        self,
+        sources: Mapping[str, jax.Array],
+        opt_state: Mapping[str, Any],
+        grads: Any,
+        lr: Any,
+        hp: Mapping[str, Any] | None = None,
     ) -> tuple[Sources, dict[str, Any]]:
         """One projected ascent with the term's optimizer."""
-        opt = self.term.optimizer
-        if opt.type == "sign":
+        hp = self._hp if hp is None else hp
+        if self.term.optimizer.type == "sign":
             new = sign_ascent(sources, grads, lr)
             return new, {"count": opt_state["count"] + 1}
-        return adam_ascent(sources, opt_state, grads, lr, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+        return adam_ascent(sources, opt_state, grads, lr, b1=hp["b1"], b2=hp["b2"], eps=hp["eps"])
 
     def warmup(
         self,
@@ -287,6 +311,7 @@ class PersistentPGD:
         sources: Sources,
         opt_state: dict[str, Any],
         lr: Any,
+        hp: Mapping[str, Any] | None = None,
     ) -> tuple[Sources, dict[str, Any]]:
         """``n_warmup_steps`` ascents on ``objective`` (its other inputs already detached), as a
         ``lax.fori_loop``; the sources come out without gradient history."""
@@ -295,7 +320,7 @@ class PersistentPGD:
 
         def body(_: Any, carry: tuple[Sources, dict[str, Any]]) -> tuple[Sources, dict[str, Any]]:
             s, o = carry
-            return self.ascend(s, o, jax.grad(objective)(s), lr)
+            return self.ascend(s, o, jax.grad(objective)(s), lr, hp)
 
         out = jax.lax.fori_loop(0, self.term.n_warmup_steps, body, (sources, opt_state))
         return jax.lax.stop_gradient(out)

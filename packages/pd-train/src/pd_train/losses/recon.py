@@ -30,6 +30,7 @@ import numpy as np
 
 from pd_train._forward import ForwardSpec, masked_forward, site_id
 from pd_train.decomposition import Decomposition
+from pd_train.losses._term import TermInputs
 from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
 from pd_train.sources import sample_source
 
@@ -43,6 +44,7 @@ __all__ = [
     "output_divergence",
     "paired_all_sites_loss",
     "recon_loss",
+    "recon_term_value",
     "routing_masks",
     "site_grid",
     "site_ranks",
@@ -205,24 +207,14 @@ def recon_loss(
     :func:`pd_train._forward.masked_forward`; key: this term's key; clean_stream:
     [L + 1, B, T, hidden] (optional) lets each forward skip the layers before its first live one.
 
-    Where the masks' sources come from: drawn per (chunk, draw) from the draw key (default);
-    ``sources`` ({kind: [n_k, B | 1, T | 1, C + 1]}, e.g. persistent PGD's) for every forward;
-    or ``pgd`` (a :class:`pd_train.losses.pgd.FreshPGD`): per (chunk, draw) fresh sources
-    ascended ``n_steps`` times on that forward's KL, with this draw's routing fixed, then the
-    loss of the final sources (which carry no gradient).
-
-    ``unroll=False``: one ``lax.scan`` over (chunk, draw) pairs whose per-chunk data are arrays;
-    each layer picks live or frozen with ``lax.cond``. ``unroll=True``: a Python loop that traces
-    every (chunk, draw) separately with its liveness static, so each chunk's forward is
-    specialized (frozen layers plain, no ``cond``) — the structure of an unrolled recon plan.
-    A plan of one (chunk, draw) is always traced the ``unroll=True`` way (same values).
-    Layer-aligned plans (:func:`layer_windows`) with ``remat``, one draw and drawn sources run
-    :func:`pd_train.losses.chunk_vjp.windowed_chunk_sum`: each chunk gets only its window of
-    ``ci_lower`` and the chunk loop's backward is written out (same values and gradients).
+    The masks' sources: drawn per (chunk, draw) from the draw key (default); ``sources``
+    ({kind: [n_k, B | 1, T | 1, C + 1]}, e.g. persistent PGD's) for every forward; or ``pgd``
+    (a :class:`pd_train.losses.pgd.FreshPGD`): per (chunk, draw) fresh sources ascended
+    ``n_steps`` times on that forward's KL with this draw's routing fixed, then the loss of the
+    final sources (no gradient). The pairs are summed by :func:`_sum_over_draws`.
     """
     grid = site_grid(spec.decomposition)
-    has_site = grid >= 0
-    grid_idx = np.maximum(grid, 0)
+    has_site, grid_idx = grid >= 0, np.maximum(grid, 0)
     chunk_ids = np.repeat(np.arange(plan.n_chunks, dtype=np.int32), n_samples)
     draw_ids = np.tile(np.arange(n_samples, dtype=np.int32), plan.n_chunks)
     site_masks = plan.site_masks()[chunk_ids]
@@ -239,18 +231,14 @@ def recon_loss(
         ci_first: Any = None,
         sources_in: Mapping[str, jax.Array] | None = sources,
     ) -> jax.Array:
-        """KL of one (chunk, draw); numpy arguments give a forward specialized to them.
-        ci_first: None (``ci_in`` is every layer's CI) or the first layer of the window of
-        layers that ``ci_in`` holds (layer-aligned chunks)."""
+        """KL of one (chunk, draw) (numpy arguments: a forward specialized to them); ci_first:
+        None, or the first layer of the window ``ci_in`` holds (layer-aligned chunks)."""
         xp = np if isinstance(site_mask, np.ndarray) else jnp
         draw_key = jax.random.fold_in(jax.random.fold_in(key, chunk), draw)
         live = xp.asarray(has_site) & site_mask[grid_idx]  # [L, K]
         routed = None
         if plan.routing == "subset":
-            per_site = routing_masks(
-                jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(draw_key, 1)
-            )  # [B, T, S]
-            routed = jnp.moveaxis(per_site[..., grid_idx] & has_site, (-2, -1), (0, 1))
+            routed = _subset_routing(site_mask, live_count, batch_shape, grid, draw_key)
         source_key = jax.random.fold_in(draw_key, 0)
 
         def forward_kl(comps: Any, ci: Any, given: Mapping[str, jax.Array] | None) -> jax.Array:
@@ -281,15 +269,71 @@ def recon_loss(
             )
         return forward_kl(comps_in, ci_in, given)
 
+    draws = {"chunk": chunk_ids, "draw": draw_ids, "site_mask": site_masks, "n_live": n_live}
+    total = _sum_over_draws(
+        chunk_kl,
+        draws,
+        window=layer_windows(spec.decomposition, plan),
+        n_chunks=plan.n_chunks,
+        n_samples=n_samples,
+        components=components,
+        ci_lower=ci_lower,
+        sources=sources,
+        remat=remat,
+        unroll=unroll,
+        fresh_pgd=pgd is not None,
+    )
+    return total / (plan.n_chunks * n_samples)
+
+
+def _subset_routing(
+    site_mask: Any, live_count: Any, batch_shape: tuple[int, ...], grid: np.ndarray, key: Any
+) -> jax.Array:
+    """Per-position uniform-k routing of a chunk's live sites (:func:`routing_masks`, key
+    folded with 1), laid out on the site grid: [L, K, B, T] bool."""
+    has_site = grid >= 0
+    per_site = routing_masks(
+        jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(key, 1)
+    )  # [B, T, S]
+    return jnp.moveaxis(per_site[..., np.maximum(grid, 0)] & has_site, (-2, -1), (0, 1))
+
+
+def _sum_over_draws(
+    chunk_kl: Any,
+    draws: Mapping[str, np.ndarray],
+    *,
+    window: int | None,
+    n_chunks: int,
+    n_samples: int,
+    components: Any,
+    ci_lower: Mapping[str, jax.Array],
+    sources: Mapping[str, jax.Array] | None,
+    remat: bool,
+    unroll: bool,
+    fresh_pgd: bool,
+) -> jax.Array:
+    """Σ over the (chunk, draw) pairs of :func:`recon_loss` of ``chunk_kl``, by the cheapest
+    strategy that gives the same values: a windowed chunk loop with a written-out backward,
+    one specialized forward, a Python-unrolled loop, or one ``lax.scan``. ``draws``: per pair
+    its ``chunk``, ``draw``, ``site_mask`` [S] and ``n_live`` (numpy).
+
+    ``unroll=False``: one ``lax.scan`` over (chunk, draw) pairs whose per-chunk data are arrays;
+    each layer picks live or frozen with ``lax.cond``. ``unroll=True``: a Python loop that traces
+    every (chunk, draw) separately with its liveness static, so each chunk's forward is
+    specialized (frozen layers plain, no ``cond``) — the structure of an unrolled recon plan.
+    A plan of one (chunk, draw) is always traced the ``unroll=True`` way (same values).
+    Layer-aligned plans (:func:`layer_windows`) with ``remat``, one draw and drawn sources run
+    :func:`pd_train.losses.chunk_vjp.windowed_chunk_sum`: each chunk gets only its window of
+    ``ci_lower`` and the chunk loop's backward is written out (same values and gradients).
+    """
     # Layer-aligned chunks (the production plan), one draw, drawn sources, rematerialized:
     # each chunk reads only its own window of the CI, and the backward is chunk_vjp's.
-    window = layer_windows(spec.decomposition, plan)
     windowed = (
         remat
         and not unroll
-        and len(chunk_ids) > 1
+        and len(draws["chunk"]) > 1
         and n_samples == 1
-        and pgd is None
+        and not fresh_pgd
         and sources is None
         and window is not None
     )
@@ -301,30 +345,33 @@ def recon_loss(
                 x["chunk"], x["draw"], x["site_mask"], x["n_live"], comps, ci, x["chunk"] * window
             )
 
-        data = {
-            "chunk": jnp.asarray(chunk_ids),
-            "draw": jnp.asarray(draw_ids),
-            "site_mask": jnp.asarray(site_masks),
-            "n_live": jnp.asarray(n_live),
-        }
-        windows = {k: v.reshape(plan.n_chunks, window, *v.shape[1:]) for k, v in ci_lower.items()}
+        data = {k: jnp.asarray(v) for k, v in draws.items()}
+        windows = {k: v.reshape(n_chunks, window, *v.shape[1:]) for k, v in ci_lower.items()}
         total = windowed_chunk_sum(window_kl, data, components, windows)
     # One (chunk, draw) (route-all terms, persistent PGD): its liveness is known at trace time,
     # so it is traced specialized (no scan of one, no per-layer copy/frozen/live switch): 10 %
     # fewer HLO lines and a quarter fewer copies in the default step, same values.
     # Rematerialized and without a fresh-PGD ascent, its backward is chunk_vjp.late_vjp's.
-    elif len(chunk_ids) == 1 and remat and pgd is None:
+    elif len(draws["chunk"]) == 1 and remat and not fresh_pgd:
 
         def one_kl(comps: Any, ci: Any, given: Any) -> jax.Array:
-            chunk, draw, count = int(chunk_ids[0]), int(draw_ids[0]), int(n_live[0])
-            return chunk_kl(chunk, draw, site_masks[0], count, comps, ci, None, given)
+            chunk, draw, count = (
+                int(draws["chunk"][0]),
+                int(draws["draw"][0]),
+                int(draws["n_live"][0]),
+            )
+            return chunk_kl(chunk, draw, draws["site_mask"][0], count, comps, ci, None, given)
 
         total = late_vjp(one_kl, components, ci_lower, sources)
-    elif unroll or len(chunk_ids) == 1:
+    elif unroll or len(draws["chunk"]) == 1:
         total = jnp.zeros((), jnp.float32)
-        for i in range(len(chunk_ids)):
+        for i in range(len(draws["chunk"])):
             fn = functools.partial(
-                chunk_kl, int(chunk_ids[i]), int(draw_ids[i]), site_masks[i], int(n_live[i])
+                chunk_kl,
+                int(draws["chunk"][i]),
+                int(draws["draw"][i]),
+                draws["site_mask"][i],
+                int(draws["n_live"][i]),
             )
             total = total + (jax.checkpoint(fn) if remat else fn)()
     else:
@@ -334,14 +381,9 @@ def recon_loss(
 
         if remat:
             body = jax.checkpoint(body)
-        xs = {
-            "chunk": jnp.asarray(chunk_ids),
-            "draw": jnp.asarray(draw_ids),
-            "site_mask": jnp.asarray(site_masks),
-            "n_live": jnp.asarray(n_live),
-        }
+        xs = {k: jnp.asarray(v) for k, v in draws.items()}
         total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
-    return total / (plan.n_chunks * n_samples)
+    return total
 
 
 def paired_all_sites_loss(
@@ -409,4 +451,34 @@ def paired_all_sites_loss(
     return (
         output_divergence(spec, clean_logits, pairs[:, 0]),
         output_divergence(spec, clean_logits, pairs[:, 1]),
+    )
+
+
+def recon_term_value(
+    inputs: TermInputs,
+    plan: ReconPlan,
+    *,
+    n_samples: int,
+    key: jax.Array,
+    pgd: Any = None,
+    sources: Mapping[str, jax.Array] | None = None,
+) -> jax.Array:
+    """:func:`recon_loss` of a term over the step's :class:`TermInputs` (masks from the CI and
+    drawn sources, or ``pgd``'s, or the given ``sources``)."""
+    assert inputs.ci_lower is not None and inputs.clean_logits is not None
+    return recon_loss(
+        inputs.spec,
+        plan,
+        n_samples=n_samples,
+        target=inputs.target,
+        tokens=inputs.tokens,
+        components=inputs.components,
+        ci_lower=inputs.ci_lower,
+        clean_logits=inputs.clean_logits,
+        clean_stream=inputs.clean_stream,
+        key=key,
+        unroll=inputs.chunk_unroll,
+        remat=inputs.remat,
+        pgd=pgd,
+        sources=sources,
     )

@@ -106,7 +106,7 @@ class StepProgram:
             if self.cache is not None:
                 # A load needs no recorder: it starts at once, also before the run's.
                 t0 = time.perf_counter()
-                self.compiled = self.cache.load(key)
+                self.compiled = self.trainer.bind_step_program(self.cache.load(key))
                 if self.compiled is not None:
                     self.outcome = "hit"
                     self.load_seconds = time.perf_counter() - t0
