@@ -342,6 +342,17 @@ def _ci_fixture_record() -> dict[str, Any]:
     return record
 
 
+def _unwrap(lines: list[str]) -> list[str]:
+    """Sentences wrapped over lines (continuations indented by 4) back on one line each."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("    ") and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
 def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None:
     """Sparse / moderate / always-on / dead counts, alive, L0 and CE gaps against the fixture's
     hand counts: 11 components, sparse q0c1 d1c1 d1c2, moderate q1c0 q1c1 d1c3, always on q0c0
@@ -353,9 +364,10 @@ def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None
     print(text)
     lines = text.splitlines()
     start = lines.index("what was found (eval, step 300):")
-    assert lines[start + 1 : start + 7] == [
+    assert all(len(line) <= 100 for line in lines[start : start + 12])
+    assert _unwrap(lines)[start + 1 : start + 7] == [
         "  cross entropy (nats/token): clean 2; with the CI masks 2.1 (+0.1, +5.0 %)",
-        "    other masks: ones 2 (+0, +0.0 %); stochastic 2.05 (+0.05, +2.5 %); "
+        "  other masks: ones 2 (+0, +0.0 %); stochastic 2.05 (+0.05, +2.5 %); "
         "rounded 2.5 (+0.5, +25.0 %)",
         "  components: 11 in 3 sites: 3 sparse (density < 0.1), 3 moderate, 2 always on "
         "(density > 0.9), 3 dead (never ci_lower > 0.1)",
@@ -395,7 +407,7 @@ def test_summary_calls_a_sparse_decomposition_sparse(tmp_path: Path) -> None:
         "alive/layers.0.mlp.down_proj": 19,
         "density/layers.0.mlp.down_proj": [0.01] * 18 + [0.95, 0.0],
     }
-    text = render_summary([record], tmp_path)
+    text = "\n".join(_unwrap(render_summary([record], tmp_path).splitlines()))
     assert "  components: 20 in 1 site: 18 sparse (density < 0.1), 0 moderate, 1 always on " in text
     assert "  reading: sparse: most components fire on under 10 % of tokens" in text
     assert "(never ci_lower > pd.l0_threshold)" in text  # no config.yaml: the field is named

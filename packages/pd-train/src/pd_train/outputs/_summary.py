@@ -4,6 +4,7 @@ per site, the components' density classes, eval numbers and outputs."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from pd_train.outputs._records import (
 
 # Per-site L0 rows are listed only for small decompositions; large ones get per-kind rows.
 MAX_SITE_ROWS = 24
+# Sentences (what was found) wrap at this width; continuation lines are indented by 4.
+WIDTH = 100
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
@@ -165,7 +168,7 @@ def _ce_lines(record: Record) -> list[str]:
         if (x := finite(record.get(f"eval/ce_{m}"))) is not None
     ]
     if others:
-        lines.append("    other masks: " + "; ".join(others))
+        lines.append("  other masks: " + "; ".join(others))
     return lines
 
 
@@ -221,7 +224,9 @@ def _found(records: Sequence[Record], threshold: float | None) -> list[str]:
             )
         if values.size:
             lines.append(_verdict(counts, values.size))
-    return lines if len(lines) > 1 else []
+    if len(lines) == 1:
+        return []
+    return [w for line in lines for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
 
 
 def _eval(records: Sequence[Record]) -> list[str]:
