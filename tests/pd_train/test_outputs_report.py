@@ -373,7 +373,7 @@ def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None
         "(density > 0.9), 3 dead (never ci_lower > 0.1)",
         "  alive: 8 of 11 (spd's definition: ci_lower > 0.1 on at least one of the last 40 tokens)",
         "  L0: 3.35 active components per token over all 3 sites (of 11); 1.12 per site on average",
-        "  reading: not sparse yet: 27 % of components are sparse and 2 always on (a result "
+        "  reading: not sparse yet: 38 % of the alive components are sparse and 2 always on (a result "
         "worth reading has most sparse, few always on); train longer, raise the "
         "importance_minimality coeff or lower its pnorm_end",
     ]
@@ -400,14 +400,24 @@ def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None
 
 
 def test_summary_calls_a_sparse_decomposition_sparse(tmp_path: Path) -> None:
-    """Most components sparse and at most 1 in 20 always on: the summary says so."""
+    """At least half of the alive components sparse and at most 1 in 20 always on: the summary
+    says so (dead ones do not count against it)."""
     record = {
         "step": 5,
         "phase": "eval",
-        "alive/layers.0.mlp.down_proj": 19,
-        "density/layers.0.mlp.down_proj": [0.01] * 18 + [0.95, 0.0],
+        "alive/layers.0.mlp.down_proj": 39,
+        "density/layers.0.mlp.down_proj": [0.01] * 20 + [0.5] * 18 + [0.95] + [0.0] * 21,
     }
     text = "\n".join(_unwrap(render_summary([record], tmp_path).splitlines()))
-    assert "  components: 20 in 1 site: 18 sparse (density < 0.1), 0 moderate, 1 always on " in text
-    assert "  reading: sparse: most components fire on under 10 % of tokens" in text
+    assert (
+        "  components: 60 in 1 site: 20 sparse (density < 0.1), 18 moderate, 1 always on " in text
+    )
+    assert "  reading: sparse: 51 % of the alive components fire on under 10 % of tokens" in text
+    record["density/layers.0.mlp.down_proj"][20] = (
+        0.95  # a moderate one always on: 2 of 39, too many
+    )
+    text = "\n".join(_unwrap(render_summary([record], tmp_path).splitlines()))
+    assert (
+        "  reading: not sparse yet: 51 % of the alive components are sparse and 2 always on" in text
+    )
     assert "(never ci_lower > pd.l0_threshold)" in text  # no config.yaml: the field is named

@@ -172,17 +172,22 @@ def _ce_lines(record: Record) -> list[str]:
     return lines
 
 
-def _verdict(counts: Mapping[str, int], total: int) -> str:
+def _verdict(counts: Mapping[str, int]) -> str:
+    """One sentence: sparse (at least half of the alive components sparse, at most 1 in 20
+    always on) or not yet, and what to change."""
     sparse, always = counts["sparse"], counts["always on"]
-    if sparse >= total / 2 and always <= total / 20:
+    alive = sparse + counts["moderate"] + always
+    if alive and sparse >= alive / 2 and always <= alive / 20:
         return (
-            "  reading: sparse: most components fire on under 10 % of tokens and few are always "
-            "on; read them with `pd-train analyze RUN_DIR`, then `pd-train report RUN_DIR`"
+            f"  reading: sparse: {100 * sparse / alive:.0f} % of the alive components fire on "
+            "under 10 % of tokens and few are always on; read them with `pd-train analyze "
+            "RUN_DIR`, then `pd-train report RUN_DIR`"
         )
+    share = f"{100 * sparse / alive:.0f} %" if alive else "none"
     return (
-        f"  reading: not sparse yet: {100 * sparse / total:.0f} % of components are sparse and "
-        f"{always} always on (a result worth reading has most sparse, few always on); train "
-        "longer, raise the importance_minimality coeff or lower its pnorm_end"
+        f"  reading: not sparse yet: {share} of the alive components are sparse and {always} "
+        "always on (a result worth reading has most sparse, few always on); train longer, "
+        "raise the importance_minimality coeff or lower its pnorm_end"
     )
 
 
@@ -223,7 +228,7 @@ def _found(records: Sequence[Record], threshold: float | None) -> list[str]:
                 f"sites (of {values.size}); {np.mean(list(l0.values())):.3g} per site on average"
             )
         if values.size:
-            lines.append(_verdict(counts, values.size))
+            lines.append(_verdict(counts))
     if len(lines) == 1:
         return []
     return [w for line in lines for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
