@@ -254,4 +254,5 @@ def test_report_leads_with_sparse_selective_components_and_groups_the_rest(
     assert [r[8] for r in data["rows"]] == [0, 0, 0, 0, 1, 1, 2, 2]  # group per row
     assert [r[10] for r in data["rows"]] == list(range(8))  # the page's default sort key
     assert "<b>4 sparse</b> (density &lt; 0.1: read these first), 2 moderate, 2 always on" in page
-    assert f"3 dead (never above the threshold on these tokens; no row) ({q} 1, {down} 2)" in page
+    assert "3 dead (never above the threshold on these tokens; no row)" in page
+    assert f"<summary>dead per site</summary>{q} 1, {down} 2</details>" in page

@@ -239,14 +239,14 @@ def _groups_note(columns: dict[str, list[Any]], meta: dict[str, Any]) -> str:
     }
     n_dead = sum(dead.values())
     per_site = ", ".join(f"{_e(s)} {n}" for s, n in dead.items())
-    dead_text = f" ({per_site})" if dead else ""
+    dead_text = f" <details><summary>dead per site</summary>{per_site}</details>" if dead else ""
     return (
-        f'<p class="groups"><b>{counts["sparse"]} sparse</b> (density &lt; {SPARSE_BELOW:g}: '
+        f'<div class="groups"><b>{counts["sparse"]} sparse</b> (density &lt; {SPARSE_BELOW:g}: '
         f"read these first), {counts['moderate']} moderate, {counts['always on']} always on "
         f"(density &gt; {ALWAYS_ON_ABOVE:g}: on at almost every token, their contexts say "
-        f"little), {n_dead} dead (never above the threshold on these tokens; no row){dead_text}. "
+        f"little), {n_dead} dead (never above the threshold on these tokens; no row). "
         "Rows come in that order, each group by selectivity (mean top-k CI minus mean CI); "
-        "click a column to sort by it instead.</p>"
+        f"click a column to sort by it instead.{dead_text}</div>"
     )
 
 
