@@ -3,8 +3,8 @@ per site, the components' density classes, eval numbers and outputs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
