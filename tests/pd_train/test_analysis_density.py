@@ -38,13 +38,20 @@ def test_density_by_kind_and_the_summary_lines() -> None:
     by_kind = density_by_kind(records[-1])
     assert list(by_kind) == ["q_proj", "down_proj"]
     np.testing.assert_array_equal(by_kind["down_proj"], [0.125, 0, 0, 0, 0, 0.25, 0.5, 0])
-    lines = density_section(records)
+    lines = density_section(records, threshold=0.1)
     assert lines == [
-        "components (eval, step 7; alive = density > 0):",
-        "  9 alive components in 4 sites",
-        "  logged per component: 4 of 10 alive",
-        "  q_proj     1 of 2 alive, median density 0.001, max 0.001",
-        "  down_proj  3 of 8 alive, median density 0.25, max 0.5",
+        "components (eval, step 7, the eval tokens; density = fraction of tokens with "
+        "ci_lower > 0.1):",
+        "  kind       components  sparse  moderate  always on  dead  median density (alive)",
+        "  ---------  ----------  ------  --------  ---------  ----  ----------------------",
+        "  q_proj              2       1         0          0     1                   0.001",
+        "  down_proj           8       0         3          0     5                    0.25",
+        "  all                10       1         3          0     6                   0.188",
+        "  sparse: 0 < density < 0.1; moderate: 0.1 to 0.9; always on: above 0.9; dead: 0",
+        "  alive: 9 in 4 sites (spd's AliveComponentsTracker: ci_lower > 0.1 on at least one "
+        "of the eval's tokens)",
+        "  1 of them too large to log per-component density (5 alive there) are left out of "
+        "the table",
     ]
     assert density_section([records[0]]) == []
 
@@ -54,7 +61,8 @@ def test_run_summary_and_plots_show_density(
 ) -> None:
     records = _records()
     text = render_summary(records, tmp_path)
-    assert "  down_proj  3 of 8 alive, median density 0.25, max 0.5" in text.splitlines()
+    row = next(line for line in text.splitlines() if line.startswith("  down_proj  "))
+    assert row.split() == ["down_proj", "8", "0", "3", "0", "5", "0.25"]
     paths = write_plots(records, tmp_path / "plots")
     assert tmp_path / "plots" / DENSITY_PLOT in paths
     data = (tmp_path / "plots" / DENSITY_PLOT).read_bytes()

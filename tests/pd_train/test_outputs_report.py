@@ -189,11 +189,18 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
     )
 
     l0 = [l0_of(i, 40) for i in range(len(sites))]
-    assert "L0 per site (eval, step 40, 4 sites):" in text
-    for i, s in enumerate(canonical_sites(sites)):
-        assert next(line for line in lines if line.strip().startswith(s)).split()[1] == (
-            f"{l0_of(sites.index(s), 40):.4g}"
-        ), i
+    assert "L0 per site (eval, step 40, 4 sites; mean number of active components per token):" in (
+        text
+    )
+    # One row per layer, one column per kind (q_proj, down_proj), 3 significant digits.
+    grid = {line.split()[1]: line.split()[2:] for line in lines if line.startswith("  layer ")}
+    assert grid == {
+        str(layer): [
+            f"{l0_of(sites.index(site(layer, k)), 40):.3g}" for k in ("q_proj", "down_proj")
+        ]
+        for layer in range(2)
+    }
+    assert "what was found" not in text  # no CE with CI masks, no density: nothing to state
     assert f"mean L0 {np.mean(l0):.4g}, total L0 {np.sum(l0):.7g}" in text
 
     assert "eval (step 40):" in text
@@ -209,24 +216,38 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
     assert out[f"{tmp_path}/compile.json"] == ["(missing)"]
 
 
-def test_summary_of_a_large_decomposition_groups_l0_by_kind(tmp_path: Path) -> None:
+def test_summary_of_a_full_decomposition_shows_l0_per_site_as_a_grid(tmp_path: Path) -> None:
+    """28 Llama sites: one row per layer, one column per kind, every site's own L0."""
     n_layers = 4
     sites = [site(layer, k) for layer in range(n_layers) for k in KINDS]
     record: dict[str, Any] = {"step": 10, "phase": "eval"}
-    record.update({f"l0/{s}": float(KINDS.index(s.rsplit(".", 1)[1]) + 1) for s in sites})
+    record.update(
+        {f"l0/{s}": 10.0 * int(s.split(".")[1]) + KINDS.index(s.rsplit(".", 1)[1]) for s in sites}
+    )
     text = render_summary([record], tmp_path)
-    assert "L0 per site (eval, step 10, 28 sites):" in text
-    assert site(0, "q_proj") not in text  # no per-site rows
     lines = text.splitlines()
-    for k, kind in enumerate(KINDS):
-        assert next(line for line in lines if line.strip().startswith(kind + " ")).split() == [
-            kind,
-            str(n_layers),
-            f"{k + 1:.4g}",
-            f"{k + 1:.4g}",
-            f"{k + 1:.4g}",
-        ]
-    assert "mean L0 4, total L0 112" in text
+    heading = "L0 per site (eval, step 10, 28 sites; mean number of active components per token):"
+    header = lines[lines.index(heading) + 1]
+    assert header.split() == list(KINDS)
+    grid = [line.split() for line in lines if line.startswith("  layer ")]
+    assert grid == [
+        ["layer", str(layer), *(f"{10 * layer + k:.3g}" for k in range(len(KINDS)))]
+        for layer in range(n_layers)
+    ]
+    assert "mean L0 18, total L0 504" in text  # Σ = 7·(0+10+20+30) + 4·(0+...+6)
+
+
+def test_summary_of_many_sites_not_named_like_llama_groups_l0_by_kind(tmp_path: Path) -> None:
+    names = [f"block{i}.{kind}" for i in range(5) for kind in ("a", "b", "c", "d", "e")]
+    record: dict[str, Any] = {"step": 10, "phase": "eval"}
+    record.update({f"l0/{s}": float("abcde".index(s[-1]) + 1) for s in names})
+    text = render_summary([record], tmp_path)
+    assert names[0] not in text  # 25 > 24 sites: no per-site rows
+    lines = text.splitlines()
+    for k, kind in enumerate("abcde"):
+        row = next(line for line in lines if line.startswith(f"  {kind} "))
+        assert row.split() == [kind, "5", f"{k + 1:.4g}", f"{k + 1:.4g}", f"{k + 1:.4g}"]
+    assert "mean L0 3, total L0 75" in text
 
 
 def test_summary_of_a_run_that_logged_nothing(tmp_path: Path) -> None:
@@ -258,3 +279,145 @@ def test_summary_states_the_last_step_run_not_the_last_logged(tmp_path: Path) ->
     assert any("steps 20..33, resumed from checkpoint 20" in line for line in lines), text
     logged = max(r["step"] for r in records if r["phase"] == "train")
     assert logged == 29  # the point: the last logged step is not the last step run
+
+
+def _ci_fixture_record() -> dict[str, Any]:
+    """An eval record made by the real reductions from a CI fixture whose classes are counted by
+    hand: threshold 0.1, two eval batches of B=2 × T=10 tokens (the same CI twice: 40 tokens,
+    each count doubled, so density = count in one batch / 20)."""
+    import jax.numpy as jnp
+
+    from pd_train.analysis import EvalComponentStats, component_counts
+    from pd_train.config import DecompositionTarget
+    from pd_train.decomposition import build_decomposition
+    from pd_train.models.llama_config import LlamaConfig
+
+    model = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    dec = build_decomposition(
+        model,
+        [
+            DecompositionTarget(module_pattern="layers.*.self_attn.q_proj", C=3),
+            DecompositionTarget(module_pattern="layers.1.mlp.down_proj", C=5),
+        ],
+    )
+    q = np.zeros((2, 20, 3), np.float32)  # [layer, token, C], tokens as B·T = 2·10
+    q[0, :, 0] = 0.7  # all 20 tokens: density 1 → always on
+    q[0, 3, 1] = 0.9  # 1 token: 0.05 → sparse
+    q[0, :, 2] = 0.1  # never *above* 0.1 → dead
+    q[1, :2, 0] = 0.5  # 2 tokens: 0.1 → moderate (not below 0.1)
+    q[1, :18, 1] = 0.4  # 18 tokens: 0.9 → moderate (not above 0.9)
+    q[1, :19, 2] = 0.2  # 19 tokens: 0.95 → always on
+    d = np.zeros((1, 20, 5), np.float32)
+    # component 0: never on → dead
+    d[0, 7, 1] = 0.11  # 1 token: 0.05 → sparse
+    d[0, 0, 2] = 1.0  # 1 token: 0.05 → sparse
+    d[0, 5:10, 3] = 0.3  # 5 tokens: 0.25 → moderate
+    d[0, :, 4] = 0.09  # below the threshold everywhere → dead
+    ci = {"q_proj": q.reshape(2, 2, 10, 3), "down_proj": d.reshape(1, 2, 10, 5)}
+    stats = EvalComponentStats(dec)
+    for _ in range(2):
+        counts = component_counts({k: jnp.asarray(v) for k, v in ci.items()}, 0.1)
+        stats.add(counts, n_tokens=20)
+    record: dict[str, Any] = {"step": 300, "phase": "eval", **stats.record()}
+    # L0 per site = Σ_c density, by hand: q0 1 + .05; q1 .1 + .9 + .95; down1 .05 + .05 + .25.
+    l0 = {"layers.0.self_attn.q_proj": 1.05, "layers.1.self_attn.q_proj": 1.95}
+    l0["layers.1.mlp.down_proj"] = 0.35
+    record.update({f"l0/{s}": v for s, v in l0.items()})
+    record.update(
+        {
+            "eval/ce_clean": 2.0,
+            "eval/ce_ci": 2.1,
+            "eval/ce_ones": 2.0,
+            "eval/ce_stochastic": 2.05,
+            "eval/ce_rounded": 2.5,
+        }
+    )
+    return record
+
+
+def _unwrap(lines: list[str]) -> list[str]:
+    """Sentences wrapped over lines (continuations indented by 4) back on one line each."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("    ") and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
+def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None:
+    """Sparse / moderate / always-on / dead counts, alive, L0 and CE gaps against the fixture's
+    hand counts: 11 components, sparse q0c1 d1c1 d1c2, moderate q1c0 q1c1 d1c3, always on q0c0
+    q1c2, dead q0c2 d1c0 d1c4."""
+    (tmp_path / "config.yaml").write_text("pd:\n  l0_threshold: 0.1\n")
+    record = _ci_fixture_record()
+    assert record["density_tokens"] == 40
+    text = render_summary([record], tmp_path)
+    print(text)
+    lines = text.splitlines()
+    start = lines.index("what was found (eval, step 300):")
+    assert all(len(line) <= 100 for line in lines[start : start + 12])
+    assert _unwrap(lines)[start + 1 : start + 7] == [
+        "  cross entropy (nats/token): clean 2; with the CI masks 2.1 (+0.1, +5.0 %)",
+        "  other masks: ones 2 (+0, +0.0 %); stochastic 2.05 (+0.05, +2.5 %); "
+        "rounded 2.5 (+0.5, +25.0 %)",
+        "  components: 11 in 3 sites: 3 sparse (density < 0.1), 3 moderate, 2 always on "
+        "(density > 0.9), 3 dead (never ci_lower > 0.1)",
+        "  alive: 8 of 11 (spd's definition: ci_lower > 0.1 on at least one of the last 40 tokens)",
+        "  L0: 3.35 active components per token over all 3 sites (of 11); 1.12 per site on average",
+        "  reading: not sparse yet: 38 % of the alive components are sparse and 2 always on (a result "
+        "worth reading has most sparse, few always on); train longer, raise the "
+        "importance_minimality coeff or lower its pnorm_end",
+    ]
+    heading = "L0 per site (eval, step 300, 3 sites; mean number of active components per token):"
+    assert start < lines.index(heading)
+    # The per-kind table: medians of the alive densities by hand (q: .05 .1 .9 .95 1 → .9;
+    # down: .05 .05 .25 → .05; all eight: (.1 + .25) / 2).
+    section = lines[next(i for i, line in enumerate(lines) if line.startswith("components (")) :]
+    assert section[0] == (
+        "components (eval, step 300, 40 eval tokens; density = fraction of tokens with "
+        "ci_lower > 0.1):"
+    )
+    rows = {line.split()[0]: line.split()[1:] for line in section[1:] if line.startswith("  ")}
+    assert rows["q_proj"] == ["6", "1", "2", "2", "1", "0.9"]
+    assert rows["down_proj"] == ["5", "2", "1", "0", "2", "0.05"]
+    assert rows["all"] == ["11", "3", "3", "2", "3", "0.175"]
+    assert (
+        "  alive: 8 of 11 in 3 sites (spd's AliveComponentsTracker: ci_lower > 0.1 on at least "
+        "one of the last 40 tokens)" in lines
+    )
+    # L0 per site as a layer × kind grid.
+    grid = [line.split() for line in lines if line.startswith("  layer ")]
+    assert grid == [["layer", "0", "1.05", "-"], ["layer", "1", "1.95", "0.35"]]
+
+
+def test_summary_calls_a_sparse_decomposition_sparse(tmp_path: Path) -> None:
+    """At least half of the alive components sparse and at most 1 in 20 always on: the summary
+    says so (dead ones do not count against it)."""
+    record = {
+        "step": 5,
+        "phase": "eval",
+        "alive/layers.0.mlp.down_proj": 39,
+        "density/layers.0.mlp.down_proj": [0.01] * 20 + [0.5] * 18 + [0.95] + [0.0] * 21,
+    }
+    text = "\n".join(_unwrap(render_summary([record], tmp_path).splitlines()))
+    assert (
+        "  components: 60 in 1 site: 20 sparse (density < 0.1), 18 moderate, 1 always on " in text
+    )
+    assert "  reading: sparse: 51 % of the alive components fire on under 10 % of tokens" in text
+    record["density/layers.0.mlp.down_proj"][20] = (
+        0.95  # a moderate one always on: 2 of 39, too many
+    )
+    text = "\n".join(_unwrap(render_summary([record], tmp_path).splitlines()))
+    assert (
+        "  reading: not sparse yet: 51 % of the alive components are sparse and 2 always on" in text
+    )
+    assert "(never ci_lower > pd.l0_threshold)" in text  # no config.yaml: the field is named

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pd_train.analysis import analyze_run, read_table, write_table
-from pd_train.analysis.report import render_report
+from pd_train.analysis.density import density_class
+from pd_train.analysis.report import component_order, render_report, selectivity
 from pd_train.cli import main
 
 from ._analysis_runs import Runs, tiny_runs
@@ -60,9 +61,17 @@ def test_report_in_headless_chromium(report: tuple[Runs, Path, Path], tmp_path: 
             browser.evaluate("document.getElementById('count').textContent")
             == f"{n} of {n} components"
         )
-        # Sorted by density, descending, at load.
-        shown = browser.evaluate(f"Array.from({rows}).map(r => r.children[2].textContent)")
-        assert float(shown[0]) == pytest.approx(max(columns["density"]), rel=1e-2)
+        # At load in the page's order (sparse first, by selectivity), one header per group.
+        order = component_order(columns)[:200]
+        shown = browser.evaluate(
+            f"Array.from({rows}).map(r => r.children[0].textContent + ':' + r.children[1].textContent)"
+        )
+        assert shown == [f"{columns['site'][i]}:{columns['component'][i]}" for i in order]
+        groups = {density_class(columns["density"][i]) for i in order}
+        heads = browser.evaluate(
+            "Array.from(document.querySelectorAll('#components tbody tr.group')).map(r => r.textContent)"
+        )
+        assert len(heads) == len(groups)
         # Filter by site: exactly that site's components.
         site = "layers.1.self_attn.q_proj"
         browser.evaluate(
@@ -179,3 +188,71 @@ def test_report_of_a_run_dir_with_nothing_to_show_warns_and_says_what_to_do(
     assert main(["report", str(run_dir)]) == 0
     err = capsys.readouterr().err
     assert f"`pd-train run {run_dir / 'config.yaml'} --run-dir NEW_DIR`" in err, err
+
+
+def _columns(rows: list[tuple[str, int, float, float, list[float], int]]) -> dict[str, list]:
+    """An analysis table's columns from (site, component, density, mean_ci, top_ci, n_active)."""
+    cols: dict[str, list] = {k: [] for k in ("site", "kind", "layer", "component", "density")}
+    cols.update({k: [] for k in ("mean_ci", "n_active", "top_ci", "top_tokens", "top_token_ci")})
+    cols["top_center"] = []
+    for site, c, density, mean_ci, top, n_active in rows:
+        cols["site"].append(site)
+        cols["kind"].append(site.rsplit(".", 1)[1])
+        cols["layer"].append(int(site.split(".")[1]))
+        cols["component"].append(c)
+        cols["density"].append(density)
+        cols["mean_ci"].append(mean_ci)
+        cols["n_active"].append(n_active)
+        cols["top_ci"].append(top)
+        cols["top_tokens"].append([["a", "b"]] * len(top))
+        cols["top_token_ci"].append([[0.0, v] for v in top])
+        cols["top_center"].append([1] * len(top))
+    return cols
+
+
+def test_report_leads_with_sparse_selective_components_and_groups_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Page order: sparse (density < 0.1), then moderate, then always on (> 0.9); inside a
+    group by selectivity = mean top-k CI − mean CI, descending (ties: more active tokens first);
+    dead components (C − alive per site) counted per site, not listed."""
+    q, down = "layers.0.self_attn.q_proj", "layers.1.mlp.down_proj"
+    cols = _columns(
+        [
+            (q, 0, 1.0, 0.6, [0.7, 0.7], 1000),  # always on: selectivity 0.1
+            (q, 1, 0.05, 0.04, [0.9, 0.7], 50),  # sparse: 0.8 − 0.04 = 0.76
+            (q, 2, 0.5, 0.3, [1.0, 1.0], 500),  # moderate: 0.7
+            (down, 0, 0.01, 0.005, [1.0, 1.0], 10),  # sparse: 0.995
+            (down, 1, 0.02, 0.01, [0.2, 0.2], 20),  # sparse: 0.19
+            (down, 2, 0.95, 0.85, [1.0, 1.0], 950),  # always on: 0.15
+            (down, 3, 0.1, 0.05, [0.5, 0.5], 100),  # moderate (0.1 is not below 0.1): 0.45
+            (down, 4, 0.03, 0.01, [0.2, 0.2], 30),  # sparse: 0.19, ties down1: more active first
+        ]
+    )
+    assert selectivity([0.9, 0.7], 0.04) == pytest.approx(0.76)
+    order = component_order(cols)
+    assert order == [3, 1, 7, 4, 2, 6, 5, 0]
+
+    run_dir = _mk(tmp_path / "run")
+    (run_dir / "config.yaml").write_text("run_name: x\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = {"sites": {q: {"C": 4, "alive": 3}, down: {"C": 7, "alive": 5}}, "threshold": 0.1}
+    table = pa.table(
+        {k: v for k, v in cols.items()} | {"top_text": [["a b"] * len(t) for t in cols["top_ci"]]},
+        metadata={b"pd_train.analysis": json.dumps(meta).encode()},
+    )
+    pq.write_table(table, run_dir / "components.parquet")
+    page = render_report(run_dir, analysis=run_dir / "components.parquet")
+    data = json.loads(
+        page.split('<script id="data" type="application/json">')[1].split("</script>")[0]
+    )
+    assert [(r[0], r[3]) for r in data["rows"]] == [
+        (cols["site"][i], cols["component"][i]) for i in order
+    ]
+    assert [r[8] for r in data["rows"]] == [0, 0, 0, 0, 1, 1, 2, 2]  # group per row
+    assert [r[10] for r in data["rows"]] == list(range(8))  # the page's default sort key
+    assert "<b>4 sparse</b> (density &lt; 0.1: read these first), 2 moderate, 2 always on" in page
+    assert "3 dead (never above the threshold on these tokens; no row)" in page
+    assert f"<summary>dead per site</summary>{q} 1, {down} 2</details>" in page

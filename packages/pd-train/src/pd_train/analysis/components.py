@@ -5,7 +5,11 @@ any saved step, also while the run is still going), harvests N batches of the ru
 (:class:`~pd_train.analysis.harvest.Harvester`), and returns the component table;
 :func:`write_table` writes it as Parquet (pyarrow), which pandas and polars open directly.
 
-One row per alive component (at least one token with ci_lower above the threshold):
+One row per alive component: at least one harvested token with ci_lower above the threshold
+(goodfire-ai/spd's ``AliveComponentsTracker`` definition — fired within the last
+``n_examples_until_dead`` tokens — with that window = the harvested tokens). Dead components
+have no row; the metadata counts them per site. The report groups the rows by density class
+(:func:`pd_train.analysis.density.density_class`: sparse, moderate, always on):
 
 ==================  ===================  =====================================================
 column              type                 meaning

@@ -8,6 +8,13 @@ and a browsable table of the alive components from a ``pd-train analyze`` file �
 column, filter by site or kind, and open a row to read its top contexts with every token shaded
 by that component's ci_lower.
 
+The table leads with the components worth reading: by default its rows come grouped by density
+class (:func:`pd_train.analysis.density.density_class`) — sparse first, then moderate, then
+always on, each group under its own labelled header — and within a group by **selectivity**
+(the mean of a component's top-k ci_lower values minus its mean ci_lower over all tokens: high
+when it is strongly on at a few tokens and off elsewhere), then by active tokens. Dead
+components (no token above the threshold) have no row; the page counts them per site.
+
 Without an analysis file the page says how to make one and shows the rest.
 """
 
@@ -25,10 +32,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_ROWS", "ReportError", "render_report", "write_report"]
+__all__ = [
+    "MAX_ROWS",
+    "ReportError",
+    "component_order",
+    "render_report",
+    "selectivity",
+    "write_report",
+]
 
-#: At most this many components go into the page (the densest first); the Parquet file has all.
+#: At most this many components go into the page (the first in :func:`component_order`); the
+#: Parquet file has all.
 MAX_ROWS = 20000
+
+#: The row groups of the component table, in page order (dead components have no rows).
+GROUPS = ("sparse", "moderate", "always on")
 
 
 class ReportError(ValueError):
@@ -146,12 +164,35 @@ def _latest_analysis(run_dir: Path) -> Path | None:
     return files[-1] if files else None
 
 
+def selectivity(top_ci: Any, mean_ci: float) -> float:
+    """Mean of the top-k ci_lower values minus the mean ci_lower over all tokens (0 without top
+    values): near 1 for a component fully on at a few tokens and off elsewhere, small for one
+    that is on everywhere or only weakly on anywhere."""
+    top = np.asarray(top_ci, dtype=float)
+    return float(top.mean() - mean_ci) if top.size else 0.0
+
+
+def component_order(columns: dict[str, list[Any]]) -> list[int]:
+    """Row indices of an analysis table in page order: density class (sparse, moderate, always
+    on), then selectivity descending, then active tokens descending, then table order."""
+    from pd_train.analysis.density import density_class
+
+    def key(i: int) -> tuple[int, float, int, int]:
+        group = GROUPS.index(density_class(float(columns["density"][i])))
+        sel = selectivity(columns["top_ci"][i], float(columns["mean_ci"][i]))
+        return (group, -sel, -int(columns["n_active"][i]), i)
+
+    return sorted(range(len(columns["site"])), key=key)
+
+
 def _table_rows(columns: dict[str, list[Any]]) -> list[list[Any]]:
-    """The rows the page's script shows: [site, kind, layer, component, density, mean_ci,
-    n_active, contexts] with contexts [[tokens, ci per token, center, top ci], ...]."""
-    order = np.argsort(-np.asarray(columns["density"], dtype=float), kind="stable")[:MAX_ROWS]
+    """The rows the page's script shows, in :func:`component_order`: [site, kind, layer,
+    component, density, mean_ci, n_active, contexts, group, selectivity, rank] with contexts
+    [[tokens, ci per token, center, top ci], ...] and group an index into :data:`GROUPS`."""
+    from pd_train.analysis.density import density_class
+
     rows = []
-    for i in order:
+    for rank, i in enumerate(component_order(columns)[:MAX_ROWS]):
         contexts = [
             [
                 list(tokens),
@@ -167,19 +208,46 @@ def _table_rows(columns: dict[str, list[Any]]) -> list[list[Any]]:
                 strict=True,
             )
         ]
+        density = float(columns["density"][i])
         rows.append(
             [
                 columns["site"][i],
                 columns["kind"][i],
                 int(columns["layer"][i]),
                 int(columns["component"][i]),
-                float(columns["density"][i]),
+                density,
                 float(columns["mean_ci"][i]),
                 int(columns["n_active"][i]),
                 contexts,
+                GROUPS.index(density_class(density)),
+                round(selectivity(columns["top_ci"][i], float(columns["mean_ci"][i])), 4),
+                rank,
             ]
         )
     return rows
+
+
+def _groups_note(columns: dict[str, list[Any]], meta: dict[str, Any]) -> str:
+    """One paragraph: how many components are in each group, and the dead ones per site."""
+    from pd_train.analysis.density import ALWAYS_ON_ABOVE, SPARSE_BELOW, class_counts
+
+    counts = class_counts(np.asarray(columns["density"], dtype=float))
+    dead = {
+        site: info["C"] - info["alive"]
+        for site, info in meta.get("sites", {}).items()
+        if info["C"] > info["alive"]
+    }
+    n_dead = sum(dead.values())
+    per_site = ", ".join(f"{_e(s)} {n}" for s, n in dead.items())
+    dead_text = f" <details><summary>dead per site</summary>{per_site}</details>" if dead else ""
+    return (
+        f'<div class="groups"><b>{counts["sparse"]} sparse</b> (density &lt; {SPARSE_BELOW:g}: '
+        f"read these first), {counts['moderate']} moderate, {counts['always on']} always on "
+        f"(density &gt; {ALWAYS_ON_ABOVE:g}: on at almost every token, their contexts say "
+        f"little), {n_dead} dead (never above the threshold on these tokens; no row). "
+        "Rows come in that order, each group by selectivity (mean top-k CI minus mean CI); "
+        f"click a column to sort by it instead.{dead_text}</div>"
+    )
 
 
 def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) -> str:
@@ -254,13 +322,14 @@ def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) ->
         )
     else:
         rows = _table_rows(columns)
-        shown = f"; the {MAX_ROWS} densest shown" if len(columns["site"]) > MAX_ROWS else ""
+        shown = f"; the first {MAX_ROWS} shown" if len(columns["site"]) > MAX_ROWS else ""
         parts.append(
             f'<p class="sub">{_e(str(analysis_file))}: checkpoint step {meta.get("checkpoint_step")}, '
             f"{meta.get('n_alive')}/{meta.get('n_components')} components alive on "
             f"{meta.get('n_tokens')} tokens (ci_lower &gt; {meta.get('threshold')}), "
             f"top {meta.get('top_k')} contexts each{shown}.</p>"
         )
+        parts.append(_groups_note(columns, meta))
         hist = _density_histograms(columns, meta)
         if hist:
             parts.append(f'<figure><img alt="activation density histograms" src="{hist}"></figure>')
@@ -277,7 +346,8 @@ def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) ->
             '<table id="components"><thead><tr>'
             '<th data-col="0">site</th><th data-col="3">component</th>'
             '<th data-col="4" class="num">density</th><th data-col="5" class="num">mean CI</th>'
-            '<th data-col="6" class="num">active tokens</th><th>top context</th>'
+            '<th data-col="6" class="num">active tokens</th>'
+            '<th data-col="9" class="num">selectivity</th><th>top context</th>'
             "</tr></thead><tbody></tbody></table>"
             '<p><button id="more" type="button">show more</button></p>'
         )
@@ -344,6 +414,8 @@ tr.component { cursor: pointer; } tr.component:hover { background: #f5f9ff; }
 .tok.center { outline: 1.5px solid #c00; }
 .detail td { background: #fcfcfc; } .detail div { margin: 3px 0; }
 .cival { color: #888; font-size: 11px; margin-right: 6px; }
+tr.group td { font-weight: 600; background: #eef4fb; padding-top: 10px; }
+tr.group.g2 td { background: #f4f4f4; color: #555; }
 """
 
 _SCRIPT = """
@@ -356,7 +428,12 @@ _SCRIPT = """
   var siteSel = document.getElementById("site-filter"), kindSel = document.getElementById("kind-filter");
   var textIn = document.getElementById("text-filter"), more = document.getElementById("more");
   var countEl = document.getElementById("count");
-  var sortCol = 4, sortDir = -1, limit = 200, PAGE = 200;
+  var RANK = 10, sortCol = RANK, sortDir = 1, limit = 200, PAGE = 200;
+  var GROUPS = [
+    "Sparse components (density < 0.1): the ones to read first",
+    "Moderate components (density 0.1 to 0.9)",
+    "Always on (density > 0.9): on at almost every token; their top contexts say little"
+  ];
 
   function fmt(x) { return x === 0 ? "0" : (Math.abs(x) < 1e-3 ? x.toExponential(2) : x.toPrecision(3)); }
 
@@ -414,7 +491,7 @@ _SCRIPT = """
     var tr = document.createElement("tr");
     tr.className = "detail";
     var td = document.createElement("td");
-    td.colSpan = 6;
+    td.colSpan = 7;
     r[7].forEach(function (ctx) {
       var line = document.createElement("div");
       var v = document.createElement("span");
@@ -431,7 +508,18 @@ _SCRIPT = """
   function render() {
     var shown = rows.filter(matches).sort(compare);
     tbody.textContent = "";
+    var group = -1;
     shown.slice(0, limit).forEach(function (r) {
+      if (sortCol === RANK && r[8] !== group) {  // the default order: a header per group
+        group = r[8];
+        var head = document.createElement("tr");
+        head.className = "group g" + group;
+        var th = document.createElement("td");
+        th.colSpan = 7;
+        th.textContent = GROUPS[group];
+        head.appendChild(th);
+        tbody.appendChild(head);
+      }
       var tr = document.createElement("tr");
       tr.className = "component";
       cell(tr, r[0]);
@@ -439,6 +527,7 @@ _SCRIPT = """
       cell(tr, fmt(r[4]), "num");
       cell(tr, fmt(r[5]), "num");
       cell(tr, String(r[6]), "num");
+      cell(tr, fmt(r[9]), "num");
       cell(tr, r[7].length ? context(r[7][0]) : "");
       tr.addEventListener("click", function () {
         var next = tr.nextSibling;

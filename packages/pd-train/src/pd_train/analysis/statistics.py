@@ -150,7 +150,10 @@ class EvalComponentStats:
     * ``density/<site>``: [C] activation density per component (fraction of tokens with
       ci_lower > threshold) and ``ci_mean/<site>``: [C] mean ci_lower per component — for sites
       with at most :data:`MAX_LOGGED_COMPONENTS` components;
-    * ``alive/<site>``: components with density > 0 on the eval batches;
+    * ``alive/<site>``: components with density > 0 on the eval batches (alive as
+      goodfire-ai/spd defines it, with ``n_examples_until_dead`` = the eval's tokens: above the
+      threshold on at least one of them);
+    * ``density_tokens``: the number of tokens the densities are over (B·T summed over batches);
     * ``l0_group/<group>``: CI-L0 per group (``pd.l0_groups``, default :func:`l0_groups`:
       ``layer.{i}``, ``kind.{kind}``, ``total``): the mean number of active components per token
       in the group.
@@ -179,7 +182,7 @@ class EvalComponentStats:
     def record(self) -> dict[str, Any]:
         if not self.tokens:
             return {}
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"density_tokens": self.tokens}
         site_l0 = {}
         for site in self.sites:
             density = self.active[site.kind][site.index] / self.tokens

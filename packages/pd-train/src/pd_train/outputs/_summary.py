@@ -1,7 +1,9 @@
-"""The end-of-run summary: a plain-text report of final losses, L0, eval numbers and outputs."""
+"""The end-of-run summary: a plain-text report of what was found (in words), final losses, L0
+per site, the components' density classes, eval numbers and outputs."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,13 @@ from pd_train.outputs._records import (
     last_with_prefix,
     of_phase,
     site_kind,
+    site_layer,
 )
 
 # Per-site L0 rows are listed only for small decompositions; large ones get per-kind rows.
 MAX_SITE_ROWS = 24
+# Sentences (what was found) wrap at this width; continuation lines are indented by 4.
+WIDTH = 100
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> list[str]:
@@ -38,6 +43,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "
 
     rule = indent + "  ".join("-" * w for w in widths)
     return [fmt(cells[0]), rule, *(fmt(row) for row in cells[1:])]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -63,6 +72,23 @@ def _losses(records: Sequence[Record]) -> list[str]:
     ]
 
 
+def _site_grid(values: Mapping[str, float]) -> list[str] | None:
+    """L0 of Llama sites as a table, one row per layer and one column per kind (None when a
+    site is not named like ``layers.3.mlp.down_proj``)."""
+    cells: dict[int, dict[str, float]] = {}
+    for s, v in values.items():
+        layer, kind = site_layer(s), site_kind(s)
+        if layer is None or kind not in KIND_ORDER:
+            return None
+        cells.setdefault(layer, {})[kind] = v
+    kinds = [k for k in KIND_ORDER if any(k in row for row in cells.values())]
+    rows = [
+        [f"layer {layer}", *(_num(cells[layer][k], 3) if k in cells[layer] else "-" for k in kinds)]
+        for layer in sorted(cells)
+    ]
+    return table(["", *kinds], rows)
+
+
 def _l0(records: Sequence[Record]) -> list[str]:
     source = l0_source(records)
     if source is None:
@@ -71,8 +97,14 @@ def _l0(records: Sequence[Record]) -> list[str]:
     last = rs[-1]
     sites = canonical_sites(k[3:] for k in last if k.startswith("l0/"))
     values = {s: x for s in sites if (x := finite(last[f"l0/{s}"])) is not None}
-    lines = [f"L0 per site ({phase}, step {last.get('step')}, {len(sites)} sites):"]
-    if len(values) <= MAX_SITE_ROWS:
+    lines = [
+        f"L0 per site ({phase}, step {last.get('step')}, {len(sites)} sites; "
+        "mean number of active components per token):"
+    ]
+    grid = _site_grid(values)
+    if grid is not None:
+        lines += grid
+    elif len(values) <= MAX_SITE_ROWS:
         lines += table(["site", "L0"], [[s, _num(v)] for s, v in values.items()])
     else:
         by_kind: dict[str, list[float]] = {}
@@ -98,6 +130,108 @@ def _l0(records: Sequence[Record]) -> list[str]:
         all_l0 = list(values.values())
         lines.append(f"  mean L0 {_num(np.mean(all_l0))}, total L0 {_num(np.sum(all_l0), 7)}")
     return lines
+
+
+#: The eval masks the "what was found" lines compare with clean, in this order (those logged).
+_OTHER_MASKS = ("ones", "stochastic", "rounded", "ppgd", "pgd")
+
+
+def _threshold(run_dir: Path) -> float | None:
+    """``pd.l0_threshold`` of the run's config.yaml (the default 0.0 when the field is absent;
+    None without a readable config)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    pd = config.get("pd") if isinstance(config, dict) else None
+    if not isinstance(pd, dict):
+        return None
+    return finite(pd.get("l0_threshold", 0.0))
+
+
+def _ce_lines(record: Record) -> list[str]:
+    clean = finite(record.get("eval/ce_clean"))
+    ci = finite(record.get("eval/ce_ci"))
+    if clean is None or ci is None:
+        return []
+
+    def vs(x: float) -> str:
+        rel = f", {100 * (x - clean) / clean:+.1f} %" if clean else ""
+        return f"{x:.4g} ({x - clean:+.3g}{rel})"
+
+    lines = [f"  cross entropy (nats/token): clean {clean:.4g}; with the CI masks {vs(ci)}"]
+    others = [
+        f"{m} {vs(x)}"
+        for m in _OTHER_MASKS
+        if (x := finite(record.get(f"eval/ce_{m}"))) is not None
+    ]
+    if others:
+        lines.append("  other masks: " + "; ".join(others))
+    return lines
+
+
+def _verdict(counts: Mapping[str, int]) -> str:
+    """One sentence: sparse (at least half of the alive components sparse, at most 1 in 20
+    always on) or not yet, and what to change."""
+    sparse, always = counts["sparse"], counts["always on"]
+    alive = sparse + counts["moderate"] + always
+    if alive and sparse >= alive / 2 and always <= alive / 20:
+        return (
+            f"  reading: sparse: {100 * sparse / alive:.0f} % of the alive components fire on "
+            "under 10 % of tokens and few are always on; read them with `pd-train analyze "
+            "RUN_DIR`, then `pd-train report RUN_DIR`"
+        )
+    share = f"{100 * sparse / alive:.0f} %" if alive else "none"
+    return (
+        f"  reading: not sparse yet: {share} of the alive components are sparse and {always} "
+        "always on (a result worth reading has most sparse, few always on); train longer, "
+        "raise the importance_minimality coeff or lower its pnorm_end"
+    )
+
+
+def _found(records: Sequence[Record], threshold: float | None) -> list[str]:
+    """What was found, in words: CE with CI masks vs clean (and the other masks), how many
+    components are sparse / moderate / always on / dead, and the total L0."""
+    from pd_train.analysis.density import class_counts, density_by_kind
+
+    evals = of_phase(records, "eval")
+    ce = last_with_prefix(evals, "eval/ce_ci")
+    dens = last_with_prefix(evals, "density/")
+    if ce is None and dens is None:
+        return []
+    step = (dens or ce or {}).get("step")
+    lines = [f"what was found (eval, step {step}):"]
+    if ce is not None:
+        lines += _ce_lines(ce)
+    if dens is not None:
+        values = np.concatenate(list(density_by_kind(dens).values()))
+        counts = class_counts(values)
+        n_sites = sum(1 for k in dens if k.startswith("density/"))
+        t = "pd.l0_threshold" if threshold is None else f"{threshold:g}"
+        lines.append(
+            f"  components: {values.size} in {_plural(n_sites, 'site')}: {counts['sparse']} sparse "
+            f"(density < 0.1), {counts['moderate']} moderate, {counts['always on']} always on "
+            f"(density > 0.9), {counts['dead']} dead (never ci_lower > {t})"
+        )
+        tokens = finite(dens.get("density_tokens"))
+        window = f"the last {int(tokens)} tokens" if tokens else "the eval's tokens"
+        lines.append(
+            f"  alive: {values.size - counts['dead']} of {values.size} (spd's definition: "
+            f"ci_lower > {t} on at least one of {window})"
+        )
+        l0 = {k: x for k, v in dens.items() if k.startswith("l0/") and (x := finite(v)) is not None}
+        if l0:
+            lines.append(
+                f"  L0: {sum(l0.values()):.4g} active components per token over all {len(l0)} "
+                f"sites (of {values.size}); {np.mean(list(l0.values())):.3g} per site on average"
+            )
+        if values.size:
+            lines.append(_verdict(counts))
+    if len(lines) == 1:
+        return []
+    return [w for line in lines for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
 
 
 def _eval(records: Sequence[Record]) -> list[str]:
@@ -184,7 +318,14 @@ def render_summary(
     lines = ["pd-train summary", *(f"  {k.ljust(width)}  {v}" for k, v in header.items())]
     from pd_train.analysis.density import density_section
 
-    sections = (_losses(records), _l0(records), density_section(records), _eval(records))
+    threshold = _threshold(run_dir)
+    sections = (
+        _found(records, threshold),
+        _losses(records),
+        _l0(records),
+        density_section(records, threshold=threshold),
+        _eval(records),
+    )
     for section in (*sections, _outputs(run_dir)):
         if section:
             lines += ["", *section]
