@@ -68,7 +68,7 @@ def test_concrete_paths_name_their_schema_field() -> None:
     config, _ = load_config(builtin_config("default"))
     raw = unstructure(config)
     leaves = hyperparameters.config_leaves(raw)
-    assert leaves["pd.loss_metrics[1].coeff"] == 0.0003  # configs/default.yaml
+    assert leaves["pd.loss_metrics[1].coeff"] == raw["pd"]["loss_metrics"][1]["coeff"]
     assert (
         hyperparameters.schema_path("pd.loss_metrics[1].anneal_end_frac", raw)
         == "pd.loss_metrics[type=importance_minimality].anneal_end_frac"

@@ -5,7 +5,7 @@ an unregistered ``type`` refused at config time by field path."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -76,9 +76,6 @@ class SquaredVTerm(LossTerm):
         census.acc.flat(2.0 * numel, term=config.type, part="squares")
 
 
-register_loss_term(SquaredVTerm())
-
-
 # ---------------------------------------------------------------- a dummy CI type
 @attrs.frozen(kw_only=True)
 class BiasCI(CIConfig):
@@ -113,7 +110,22 @@ class BiasCIType(CIType):
                           kind=lay.kind, dx=False, dw=False, times=len(lay.layers))  # fmt: skip
 
 
-register_ci_type(BiasCIType())
+@pytest.fixture(autouse=True, scope="module")
+def _registered() -> Iterator[None]:
+    """The dummy members are registered for this module's tests only (registered at import,
+    they would leak into every later walk of the schema: the config reference, the field
+    classification), and removed again after them."""
+    from pd_train._config_io import tagged_family
+
+    register_loss_term(SquaredVTerm())
+    register_ci_type(BiasCIType())
+    try:
+        yield
+    finally:
+        LOSS_TERMS.pop("test_squared_v", None)
+        CI_TYPES.pop("test_bias", None)
+        tagged_family(LossMetric).members.pop("test_squared_v", None)
+        tagged_family(CIConfig).members.pop("test_bias", None)
 
 
 # ---------------------------------------------------------------- config data
