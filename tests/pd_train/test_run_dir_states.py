@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -51,6 +51,10 @@ KEEP = 2
 LOCK = ".pd-train.lock"
 TMP_MARK = ".orbax-checkpoint-tmp"
 TIMEOUT = 300.0
+#: The sequences' seed: fixed, so CI runs the same sequences everywhere. This one's four (with
+#: the tmpfs) cover every rule: kill -9 at a step, during a save and at startup, then resumed;
+#: SIGTERM; both disk-full kinds; a second command while the first lives.
+SEED = 35
 #: The run dir's tmpfs: room for a few runs; few inodes, so that filling them is quick.
 TMPFS_OPTIONS = "size=64m,nr_inodes=2000"
 
@@ -285,6 +289,7 @@ class RunDirStates(RuleBasedStateMachine):
                 proc.send_signal(signal.SIGKILL)
                 self._wait(proc)
                 self.killed = True
+                self.history[-1] += f" (killed; checkpoints {_checkpoints(self.run_dir)})"
             else:
                 self.killed = False
                 self._expect_completed(self._wait(proc), offset)
@@ -302,6 +307,7 @@ class RunDirStates(RuleBasedStateMachine):
                 return
             if self._reached(proc, ("record", n), launched):
                 proc.send_signal(signal.SIGTERM)
+                self.history[-1] += " (sent)"
             self._expect_completed(self._wait(proc), offset)
             records, _ = _records(self.run_dir)
             train = sorted(r["step"] for r in records if r["phase"] == "train")
@@ -459,11 +465,11 @@ def test_random_sequences_lose_nothing_and_duplicate_nothing(
 ) -> None:
     tmpfs = _can_mount_tmpfs(tmp_path / "probe")
     run_state_machine_as_test(
-        lambda: RunDirStates(setup, tmpfs),
+        seed(SEED)(lambda: RunDirStates(setup, tmpfs)),
         settings=settings(
             max_examples=int(os.environ.get("PD_STATES_EXAMPLES", 4)),
             stateful_step_count=int(os.environ.get("PD_STATES_RULES", 4)),
-            derandomize=True,
+            derandomize=False,  # the fixed seed instead
             database=None,
             deadline=None,
             phases=(Phase.explicit, Phase.generate),
