@@ -67,14 +67,30 @@ class Terminal:
     """Whole lines, one lock, one status line (bar mode) or none (plain mode).
 
     ``stream``: where to write (default: a duplicate of file descriptor 2 taken now, so that
-    :meth:`capture_stderr` can route fd 2 through this writer without looping). ``bar``: force
-    the status line on or off (default: on when the stream is a terminal with a window size).
+    :meth:`capture_stderr` can route fd 2 through this writer without looping; ``sys.stderr``
+    itself when it is not fd 2, e.g. replaced by a caller capturing it). ``bar``: force the
+    status line on or off (default: on when the stream is a terminal with a window size).
+    ``capture``: whether :meth:`capture_stderr` redirects fd 2 (default: when this terminal
+    took its own duplicate of fd 2).
     """
 
-    def __init__(self, stream: IO[str] | None = None, *, bar: bool | None = None) -> None:
-        self._owned = stream is None
+    def __init__(
+        self, stream: IO[str] | None = None, *, bar: bool | None = None, capture: bool | None = None
+    ) -> None:
+        import sys
+
+        self._owned = False
         if stream is None:
-            stream = open(os.dup(2), "w", encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+            try:
+                on_fd2 = sys.stderr.fileno() == 2
+            except (AttributeError, OSError, ValueError):
+                on_fd2 = False
+            if on_fd2:
+                stream = open(os.dup(2), "w", encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+                self._owned = True
+            else:
+                stream = sys.stderr
+        self._capture = self._owned if capture is None else capture
         self.stream = stream
         fileno = getattr(stream, "fileno", None)
         try:
@@ -200,7 +216,7 @@ class Terminal:
         duplicate of fd 2 taken before)."""
         from pd_train.compile import _AlarmFilter
 
-        if not self._owned:
+        if not self._capture:
             yield
             return
         read_end, write_end = os.pipe()

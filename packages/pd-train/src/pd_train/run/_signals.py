@@ -13,15 +13,15 @@ from pd_train.distributed import Placement
 log = logging.getLogger("pd_train")
 
 
-#: Exit code of ``pd-train run`` stopped by Ctrl-C (SIGINT), after its checkpoint, plots and
-#: summary were written (128 + SIGINT, the shell's convention). A SIGTERM stop exits 0: SLURM
+#: Exit code of ``pd-train run`` stopped by Ctrl-C (SIGINT), after its checkpoint and summary
+#: were written (its plots are skipped: the prompt comes back at once) (128 + SIGINT, the shell's convention). A SIGTERM stop exits 0: SLURM
 #: requeues the job and the next attempt resumes.
 EXIT_INTERRUPTED = 130
 
 
 class StopSignals:
-    """SIGTERM or Ctrl-C (SIGINT): finish the current step, save, write plots and the summary,
-    and return (``stop_signal`` names the signal). A second Ctrl-C aborts at once: one line on
+    """SIGTERM or Ctrl-C (SIGINT): finish the current step, save, write the summary (and after
+    SIGTERM the plots), and return (``stop_signal`` names the signal). A second Ctrl-C aborts at once: one line on
     stderr and exit 130, nothing more saved (the last checkpoint stays).
 
     The second Ctrl-C is seen by a watcher thread through ``signal.set_wakeup_fd`` (written by
