@@ -200,6 +200,28 @@ def test_xla_slow_compile_alarm_becomes_one_line_naming_the_compile_in_flight(
     assert lines[3] == "after"
 
 
+def test_a_child_process_holding_the_captured_stderr_does_not_delay_the_end(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """W&B's service process, or a plot worker, inherits fd 2 (the capture pipe) and may
+    outlive the run: the capture ends once this process's own lines are forwarded."""
+    terminal = Terminal(os.fdopen(os.dup(2), "w"), bar=False, capture=True)
+    with terminal.capture_stderr():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            os.write(2, b"mine\n")
+            t0 = time.monotonic()
+        except BaseException:
+            child.kill()
+            raise
+    elapsed = time.monotonic() - t0
+    child.kill()
+    child.wait()
+    terminal.close()
+    assert elapsed < 2.0
+    assert capfd.readouterr().err == "mine\n"
+
+
 # -- pd-train run under a real pty -----------------------------------------------------------
 
 TINY_ARCH = {
@@ -213,7 +235,12 @@ TINY_ARCH = {
 }
 
 
-def _config(tmp: Path, cache: Path, steps: int) -> Path:
+#: Every run here has the same schedule (``pd.steps`` is compiled into the step), cut short with
+#: ``--max-steps``, so that the first run's compiles serve the others.
+STEPS = 2000
+
+
+def _config(tmp: Path, cache: Path, *, eval_batches: int = 1) -> Path:
     tokens = tmp / "tokens.npy"
     np.save(tokens, np.random.default_rng(0).integers(0, 64, size=20_000, dtype=np.uint16))
     config = {
@@ -221,9 +248,14 @@ def _config(tmp: Path, cache: Path, steps: int) -> Path:
         "seed": 3,
         "output_dir": str(tmp / "runs"),
         "target": {"architecture": TINY_ARCH},
-        "data": {"path": str(tokens), "seq_len": 16, "eval_path": str(tokens), "eval_batches": 1},
+        "data": {
+            "path": str(tokens),
+            "seq_len": 16,
+            "eval_path": str(tokens),
+            "eval_batches": eval_batches,
+        },
         "pd": {
-            "steps": steps,
+            "steps": STEPS,
             "batch_size": 8,
             "decomposition_targets": [
                 {"module_pattern": "layers.*.self_attn.*", "C": 8},
@@ -310,7 +342,7 @@ def _check_lines(out: str) -> list[str]:
         announcements = re.findall(r"\bcompil(?:ing|ed)\b", line)
         assert len(announcements) <= 1, line
         if announcements:  # at the line's start (or pd's alarm line, or a log line's message)
-            assert re.match(r"(compil(ing|ed) |pd: |\d{4}-\d\d-\d\d )", line), line
+            assert re.match(r"(compil(ing|ed) |cache miss: |pd: |\d{4}-\d\d-\d\d )", line), line
         if re.search(r"step \d+/\d+ \(", line):
             assert re.match(r"(\[[#-]+\] )?step \d+/\d+ \(", line), line
         if re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ pd ", line):
@@ -331,12 +363,13 @@ def _compiled(lines: list[str]) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", [None, (40, 160)], ids=["no-size", "sized"])
-def test_pd_train_run_under_a_pty_names_each_compile_beside_its_time(
-    tmp_path: Path, cache: Path, size: tuple[int, int] | None
+def test_pd_train_run_on_a_sized_pty_names_each_compile_beside_its_time_under_a_status_bar(
+    tmp_path: Path, cache: Path
 ) -> None:
-    config = _config(tmp_path, cache, steps=20)
-    run = PtyRun([str(config), "--run-dir", str(tmp_path / "run")], size)
+    """The module's first run: every jit compiles (the cache is empty)."""
+    config = _config(tmp_path, cache)
+    args = [str(config), "--run-dir", str(tmp_path / "run"), "--max-steps", "20"]
+    run = PtyRun(args, (40, 160))
     assert run.wait(timeout=900) == 0, run.out[-3000:]
     out = run.out
     (tmp_path / "pty.out").write_text(out)
@@ -346,19 +379,42 @@ def test_pd_train_run_under_a_pty_names_each_compile_beside_its_time(
         "train_step",
         "eval: eval_metrics",
         "init: init_params",
+        "init: opt_init",
         "faithfulness_warmup: warmup_step",
     ):
         assert name in compiled, (name, sorted(compiled))
     assert not any(name.endswith(": stacked") for name in compiled), sorted(compiled)
-    assert "eval after step 9" in lines and "eval after step 19" in lines
+    assert "compiling train_step in the background (cache miss)…" in lines
+    assert "compiling eval: eval_metrics in the background (cache miss)…" in lines
+    assert any(line.startswith("eval after step 9 ") for line in lines)
+    assert any(line.startswith("eval after step 19 ") for line in lines)
     assert "Traceback" not in out
-    if size is None:  # the plain-line fallback
-        assert CLEAR not in out
-        assert any(line.startswith("step 5/20 (25%) | ") for line in lines), out[-3000:]
-        assert any(line.startswith("step 20/20 (100%) | ") for line in lines)
-    else:  # the bar, on a status line redrawn in place
-        assert re.search(re.escape(CLEAR) + r"\[[#-]{20}\] step \d+/20", out), out[-3000:]
-        assert any(re.match(r"\[#{20}\] step 20/20 \(100%\)", line) for line in lines)
+    # The bar, on a status line redrawn in place; its last state stays as a line.
+    assert re.search(re.escape(CLEAR) + r"\[[#-]{20}\] step \d+/20 ", out), out[-3000:]
+    assert any(re.match(r"\[#{20}\] step 20/20 \(100%\)", line) for line in lines)
+
+
+@pytest.mark.slow
+def test_pd_train_run_on_a_pty_without_a_size_writes_plain_lines(
+    tmp_path: Path, cache: Path
+) -> None:
+    """After the first run (another config: two eval batches): the jits come from the
+    persistent cache, each still named beside its time."""
+    config = _config(tmp_path, cache, eval_batches=2)
+    args = [str(config), "--run-dir", str(tmp_path / "run"), "--max-steps", "20"]
+    run = PtyRun(args, None)
+    assert run.wait(timeout=900) == 0, run.out[-3000:]
+    out = run.out
+    (tmp_path / "pty.out").write_text(out)
+    lines = _check_lines(out)
+    assert CLEAR not in out  # no status line: nothing to redraw
+    compiled = _compiled(lines)
+    for name in ("train_step", "eval: eval_metrics", "init: init_params"):
+        assert name in compiled, (name, sorted(compiled))
+    assert any(line.startswith("step 5/20 (25%) | ") for line in lines), out[-3000:]
+    assert any(line.startswith("step 20/20 (100%) | ") for line in lines)
+    assert any(line.startswith("eval after step 19 ") for line in lines)
+    assert "Traceback" not in out
 
 
 #: How long `pd-train run` may take from Ctrl-C to its exit on this loaded 2-core machine:
@@ -370,13 +426,13 @@ CTRL_C_BOUND_S = 20.0
 def test_ctrl_c_at_a_random_step_prints_no_traceback_and_returns_within_the_bound(
     tmp_path: Path, cache: Path
 ) -> None:
-    config = _config(tmp_path, cache, steps=2000)
+    config = _config(tmp_path, cache)
     run_dir = tmp_path / "run"
     run = PtyRun([str(config), "--run-dir", str(run_dir)], (40, 160))
     target = random.Random().randint(12, 40)
     deadline = time.monotonic() + 900
     while True:
-        steps = [int(s) for s in re.findall(r"step (\d+)/2000", run.out)]
+        steps = [int(s) for s in re.findall(rf"step (\d+)/{STEPS}", run.out)]
         if steps and steps[-1] >= target:
             break
         assert run.proc.poll() is None, run.out[-3000:]
@@ -389,6 +445,7 @@ def test_ctrl_c_at_a_random_step_prints_no_traceback_and_returns_within_the_boun
     out = run.out
     assert code == 130, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    print(f"Ctrl-C at step {target}: exit {elapsed:.1f} s later")
     assert elapsed < CTRL_C_BOUND_S, (elapsed, out[-3000:])
     saved = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved >= target

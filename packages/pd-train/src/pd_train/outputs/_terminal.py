@@ -24,6 +24,8 @@ from typing import IO, Any
 #: function's own name does not tell it apart (pd-init's ``stacked`` makes both the params and
 #: the persistent-PGD sources): see :func:`compile_label`.
 _labels = threading.local()
+#: The line :meth:`Terminal.capture_stderr` writes behind the captured output when it ends.
+_END_OF_CAPTURE = b"\x00pd-terminal: end of capture\x00"
 
 
 @contextlib.contextmanager
@@ -221,8 +223,14 @@ class Terminal:
             return
         read_end, write_end = os.pipe()
         saved = os.dup(2)
+        marker = os.dup(write_end)  # ends the capture: see the finally clause
+        drained = threading.Event()
 
         def write(raw: bytes) -> None:
+            if self._closed:  # a child process writing after the run: to stderr as written
+                with contextlib.suppress(OSError):
+                    os.write(2, raw)
+                return
             self.line(raw.decode(errors="replace"))
 
         def forward() -> None:
@@ -233,10 +241,17 @@ class Terminal:
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for raw in lines:
+                        if raw.endswith(_END_OF_CAPTURE):  # behind a child's partial line?
+                            if raw != _END_OF_CAPTURE:
+                                alarm.line(raw.removesuffix(_END_OF_CAPTURE) + b"\n")
+                            alarm.flush()
+                            drained.set()
+                            continue
                         alarm.line(raw + b"\n")
                 if pending:
                     alarm.line(pending)
             alarm.flush()
+            drained.set()
 
         import sys
 
@@ -251,9 +266,16 @@ class Terminal:
         finally:
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.flush()
-            os.dup2(saved, 2)  # the pipe's last writer closes: the reader drains and ends
+            os.dup2(saved, 2)
             os.close(saved)
-            reader.join(timeout=5)
+            # Everything this process wrote is in the pipe now; a marker behind it tells when
+            # the reader has forwarded it. Child processes that inherited the pipe (W&B's
+            # service, a plot worker) may keep it open: the reader goes on forwarding what they
+            # write, to stderr once the terminal is closed, instead of waiting for them.
+            with contextlib.suppress(OSError):
+                os.write(marker, _END_OF_CAPTURE + b"\n")
+            os.close(marker)
+            drained.wait(timeout=5)
 
     def _alarm_line(self) -> str:
         names = ", ".join(self._compiling()) or "a jit"

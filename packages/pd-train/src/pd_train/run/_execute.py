@@ -78,7 +78,12 @@ def execute(
     plots = PlotWorkersHook(None)
     terminal = _terminal(rt)
     try:
-        with terminal.capture_stderr(), terminal.logging_to_terminal(), StopSignals() as stop:
+        with (
+            terminal.capture_stderr(),
+            terminal.logging_to_terminal(),
+            _closing(plots),
+            StopSignals() as stop,
+        ):
             stop.terminal = terminal
             resume = None
             if rt.prepared.resume_dir is not None:
@@ -95,8 +100,17 @@ def execute(
         terminal.close()
         if rt.step_program is not None:  # the run did not start: end the step's thread
             rt.step_program.cancel(wait=True)
+
+
+@contextlib.contextmanager
+def _closing(plots: PlotWorkersHook) -> Iterator[None]:
+    """The plot workers ended on the way out (a no-op once they rendered the plots; after
+    Ctrl-C they never got their job), before the terminal stops capturing their stderr."""
+    try:
+        yield
+    finally:
         if plots.workers is not None:
-            plots.workers.close()  # a no-op once they rendered the plots
+            plots.workers.close()
 
 
 def _execute(
