@@ -354,6 +354,9 @@ class CompileLines:
         label = self._label(info)
         if event == "start":
             self._open[thread] = (label, time.perf_counter(), False)
+            if background:  # it takes a core from now on: the ETA says so at once
+                with self.terminal._lock:
+                    self.terminal.background[label] = time.perf_counter()
             if not info.get("cache_enabled", True):
                 self._begin(thread, label, "none", background)
             return
