@@ -222,7 +222,10 @@ def test_ctrl_c_saves_writes_the_summary_and_exits_130(
     summary = (run_dir / "summary.txt").read_text()
     assert f"yes (SIGINT after step {saved[-1] - 1})" in summary
     assert f"last step run  {saved[-1] - 1} " in summary
-    assert list((run_dir / "plots").glob("*.png"))
+    # The prompt comes back at once: the plots are skipped, with a message (resuming writes them).
+    assert not list((run_dir / "plots").glob("*.png"))
+    assert f"stopped by Ctrl-C: saved checkpoint step {saved[-1]} in " in out
+    assert "plots skipped" in out
 
 
 def test_second_ctrl_c_aborts_at_once_with_one_line(tmp_path: Path, cache: Path) -> None:

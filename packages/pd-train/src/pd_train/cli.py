@@ -16,7 +16,7 @@ Subcommands:
 
 Exit codes: 0 success (also a run stopped by SIGTERM after saving: SLURM requeues it), 1 failure
 while running, 2 bad input (config, arguments; nothing was written), 130 stopped by Ctrl-C (after
-saving a checkpoint, plots and the summary at the next step boundary; a second Ctrl-C aborts at
+saving a checkpoint and the summary at the next step boundary, the plots skipped; a second Ctrl-C aborts at
 once).
 """
 

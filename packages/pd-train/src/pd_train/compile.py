@@ -224,10 +224,12 @@ def _is_separator(line: str) -> bool:
 class _AlarmFilter:
     """Passes stderr's lines through, but for XLA's slow-compile alarm: its block (a log line
     from slow_operation_alarm, a row of asterisks, "[...] Very slow compile? If you want to file
-    a bug ...", asterisks) becomes ``replacement``. Lines that may start a block wait until the
+    a bug ...", asterisks) becomes ``replacement`` (or what it returns, called then). Lines that may start a block wait until the
     next line tells whether they do."""
 
-    def __init__(self, write: Callable[[bytes], None], replacement: str) -> None:
+    def __init__(
+        self, write: Callable[[bytes], None], replacement: str | Callable[[], str]
+    ) -> None:
         self._write = write
         self._replacement = replacement
         self._held: list[bytes] = []
@@ -244,7 +246,8 @@ class _AlarmFilter:
         if _ALARM_TEXT in text:
             self._held.clear()
             self._in_alarm = True
-            self._write(self._replacement.encode())
+            text = self._replacement if isinstance(self._replacement, str) else self._replacement()
+            self._write(text.encode())
             return
         self._in_alarm = False
         self.flush()

@@ -21,16 +21,28 @@ from pd_train.outputs._plots import (
 )
 from pd_train.outputs._progress import DEFAULT_KEYS, Progress, format_metrics
 from pd_train.outputs._summary import render_summary
+from pd_train.outputs._terminal import (
+    CompileLines,
+    Terminal,
+    compile_label,
+    format_eval_table,
+    labelled,
+)
 
 __all__ = [
     "DEFAULT_KEYS",
     "METRICS_FILE",
+    "CompileLines",
     "MetricsError",
     "MetricsLog",
     "PlotWorkers",
     "Progress",
+    "Terminal",
+    "compile_label",
     "earlier_device_count",
+    "format_eval_table",
     "format_metrics",
+    "labelled",
     "plot_ci_histograms",
     "plot_eval_curves",
     "plot_l0",

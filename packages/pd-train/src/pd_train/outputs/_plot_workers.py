@@ -86,6 +86,10 @@ class PlotWorkers:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
+                    # Its own session: Ctrl-C in the terminal reaches the run's process
+                    # group, never a worker (mid-import it would print a traceback); the run
+                    # ends a worker through its stdin or kills it.
+                    start_new_session=True,
                 )
             )
         #: The workers' pids, and the pids that answered :meth:`write`'s jobs.

@@ -83,8 +83,12 @@ class Progress:
         log_every: int = 100,
         stream: IO[str] | None = None,
         bar: bool | None = None,
+        terminal: Any = None,
     ) -> None:
-        """``bar``: force the tqdm bar on or off (default: on when ``stream`` is a terminal)."""
+        """``bar``: force the tqdm bar on or off (default: on when ``stream`` is a terminal).
+        ``terminal``: a :class:`pd_train.outputs.Terminal` that owns the screen: the bar is its
+        status line (when it has one; else plain lines through it), and the ETA says it is
+        provisional while it lists a background compile."""
         if total_steps < 0:
             msg = f"total_steps must be >= 0, got {total_steps}"
             raise ValueError(msg)
@@ -100,6 +104,9 @@ class Progress:
         self.is_primary = is_primary
         self.log_every = log_every
         self.stream = sys.stderr if stream is None else stream
+        self.terminal = terminal
+        if terminal is not None:
+            bar = False  # the terminal draws it (see _show)
         if bar is None:
             isatty = getattr(self.stream, "isatty", None)
             bar = bool(isatty and isatty())
@@ -144,8 +151,23 @@ class Progress:
             self.done = done
             return
         self.done = done
+        if self.terminal is not None and self.terminal.bar and self.is_primary:
+            self._show(now)
+            return
         if (done - self.start_step) % self.log_every == 0 or done == self.total_steps:
             self._write_line(now)
+
+    def _show(self, now: float) -> None:
+        """The bar on the terminal's status line, redrawn at most 10 times a second."""
+        if self.done != self.total_steps and now - getattr(self, "_shown", 0.0) < 0.1:
+            return
+        self._shown = now
+        total = self.total_steps
+        frac = self.done / total if total else 1.0
+        width = 20
+        filled = int(frac * width)
+        bar = "#" * filled + "-" * (width - filled)
+        self.terminal.status("progress", f"[{bar}] " + self.line(now))
 
     def close(self) -> None:
         """Closes the bar; in plain mode writes a last line if the last step was not shown."""
@@ -154,6 +176,10 @@ class Progress:
         self._closed = True
         if self._bar is not None:
             self._bar.close()
+        elif self.terminal is not None and self.terminal.bar:
+            if self.is_primary:
+                self.terminal.status("progress", None)
+                self.terminal.line(self.line())  # the last state stays as a line
         elif self.is_primary and self.done != self._last_line_at:
             self._write_line(time.perf_counter())
 
@@ -166,7 +192,13 @@ class Progress:
         rate = self._rate(now)
         if rate is not None:
             parts.append(f"{rate:.3g} it/s")
-            parts.append(f"ETA {format_duration((total - self.done) / rate)}")
+            eta = format_duration((total - self.done) / rate)
+            background = list(self.terminal.background) if self.terminal is not None else []
+            if background and self.done < total:
+                # A compile in another thread takes a core: the rate measured now is not the
+                # rate once it is done.
+                eta += f" (provisional: compiling {', '.join(background)} in the background)"
+            parts.append(f"ETA {eta}")
         if self._text:
             parts.append(self._text)
         return " | ".join(parts)
@@ -182,6 +214,9 @@ class Progress:
 
     def _write_line(self, now: float) -> None:
         self._last_line_at = self.done
+        if self.terminal is not None:
+            self.terminal.line(self.line(now))
+            return
         self.stream.write(self.line(now) + "\n")
         self.stream.flush()
 

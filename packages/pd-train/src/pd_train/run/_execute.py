@@ -76,8 +76,15 @@ def execute(
         run_dir / "checkpoints", keep_last_n=config.cadence.keep_last_n_checkpoints
     )
     plots = PlotWorkersHook(None)
+    terminal = _terminal(rt)
     try:
-        with StopSignals() as stop:
+        with (
+            terminal.capture_stderr(),
+            terminal.logging_to_terminal(),
+            _closing(plots),
+            StopSignals() as stop,
+        ):
+            stop.terminal = terminal
             resume = None
             if rt.prepared.resume_dir is not None:
                 # Checked and read before anything is written: a drifted config or a damaged
@@ -88,12 +95,22 @@ def execute(
                     trainer=rt.trainer,
                     allow_config_change=allow_config_change,
                 )
-            return _execute(rt, run_dir, checkpoints, resume, max_steps, stop, plots)
+            return _execute(rt, run_dir, checkpoints, resume, max_steps, stop, plots, terminal)
     finally:
+        terminal.close()
         if rt.step_program is not None:  # the run did not start: end the step's thread
             rt.step_program.cancel(wait=True)
+
+
+@contextlib.contextmanager
+def _closing(plots: PlotWorkersHook) -> Iterator[None]:
+    """The plot workers ended on the way out (a no-op once they rendered the plots; after
+    Ctrl-C they never got their job), before the terminal stops capturing their stderr."""
+    try:
+        yield
+    finally:
         if plots.workers is not None:
-            plots.workers.close()  # a no-op once they rendered the plots
+            plots.workers.close()
 
 
 def _execute(
@@ -104,8 +121,10 @@ def _execute(
     max_steps: int | None,
     stop: StopSignals,
     plots: PlotWorkersHook,
+    terminal: Any,
 ) -> RunResult:
     from pd_probe import Recorder
+    from pd_train.outputs import labelled
 
     config, trainer, primary = rt.prepared.config, rt.trainer, rt.placement.is_primary
     started = time.time()
@@ -123,7 +142,11 @@ def _execute(
     recorder = Recorder(
         run_dir / COMPILE_FILE if primary else None,
         mode="run",
-        on_compile=explaining(compile_announcer(), programs) if primary else None,
+        on_compile=labelled(
+            explaining(compile_announcer(terminal), programs, stream=terminal.writer())
+        )
+        if primary
+        else None,
     )
     with _recorded(recorder):
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
@@ -150,9 +173,15 @@ def _execute(
         tracker = _tracker(config, run_dir) if primary else None
         end = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
         progress = Progress(
-            end, start_step=start, is_primary=primary, log_every=config.cadence.train_log_every
+            end,
+            start_step=start,
+            is_primary=primary,
+            log_every=config.cadence.train_log_every,
+            terminal=terminal if primary else None,
         )
         eval_hook = _eval_hook(rt, target, run_key, recorder, step_program, metrics_log)
+        if eval_hook is not None and primary:
+            eval_hook.terminal = terminal
         trace = _trace_window(config, run_dir) if primary else None
         plots.eval_hook = eval_hook
         stop_hook = StopHook(stop, rt.placement)
@@ -187,6 +216,7 @@ def _execute(
             start=start,
             final_step=final.step,
             stopped=stop if stop_hook.stopped else None,
+            terminal=terminal,
         )
     return RunResult(
         run_dir=run_dir,
@@ -372,13 +402,25 @@ def _plots_and_summary(
     start: int,
     final_step: int,
     stopped: StopSignals | None,
+    terminal: Any,
 ) -> str:
-    """Plots (by the plot workers when they were started) and summary.txt; returns the
-    summary."""
+    """Plots (by the plot workers when they were started; skipped after Ctrl-C: the prompt
+    comes back at once) and summary.txt; returns the summary."""
     from pd_train.outputs import read_metrics, render_summary, write_plots
 
     records = read_metrics(run_dir)
-    if workers is not None:
+    if stopped is not None and stopped.stop_signal == "SIGINT":
+        saved = stopped.last_saved
+        where = (
+            f"saved checkpoint step {saved} in {run_dir / 'checkpoints' / str(saved)}"
+            if saved is not None
+            else "no checkpoint saved"
+        )
+        terminal.line(
+            f"stopped by Ctrl-C: {where}; plots skipped (`pd-train run --resume {run_dir}` "
+            "continues the run and writes them at its end)"
+        )
+    elif workers is not None:
         t0 = time.perf_counter()
         workers.write(run_dir, run_dir / "plots")
         log.info(
@@ -405,6 +447,18 @@ def _plots_and_summary(
     )
     (run_dir / "summary.txt").write_text(summary)
     return summary
+
+
+def _terminal(rt: Runtime) -> Any:
+    """The run's one writer of terminal lines (process 0); other processes get one that
+    writes plain lines to their stderr as before and captures nothing."""
+    import sys
+
+    from pd_train.outputs import Terminal
+
+    if rt.placement.is_primary:
+        return Terminal()
+    return Terminal(sys.stderr, bar=False)
 
 
 def _tracker(config: Config, run_dir: Path) -> Any:

@@ -162,6 +162,9 @@ class EvalHook(Hook):
         self.step_program = step_program
         self.ahead_started = False
         self.evaluated = False
+        #: The run's :class:`pd_train.outputs.Terminal` (process 0), which shows each eval's
+        #: results as a short table; None: not shown.
+        self.terminal: Any = None
 
     def __call__(self, info: StepInfo) -> None:
         import contextlib
@@ -185,6 +188,10 @@ class EvalHook(Hook):
             )
         self.evaluated = True
         self.metrics_log.log(info.index, "eval", record)
+        if self.terminal is not None:
+            from pd_train.outputs import format_eval_table
+
+            self.terminal.line(format_eval_table(info.index, record))
 
     def close(self, info: StepInfo) -> None:
         self.evaluator.close()

@@ -143,18 +143,22 @@ class StepProgram:
                 self.outcome = "miss, not stored"
 
     def init_programs(self) -> Any:
-        """A :attr:`Trainer.programs` serving the init and warm-up jits from this program's
-        executable cache (None without one): each is loaded, or lowered, compiled and stored
+        """A :attr:`Trainer.programs` that announces each init and warm-up jit by the
+        trainer's name for it (``init: init_params``, ``init: init_sources``: pd-init names
+        both jits ``stacked``; :func:`pd_train.outputs.compile_label`) and, with this program's
+        executable cache, serves them from it: each is loaded, or lowered, compiled and stored
         (when compiled here, as the step), keyed by its name, the trainer's configs, the source
         and its arguments' shapes, dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
         if self.cache is None:
-            return None
+            return lambda name, jit, args, kwargs: _Labelled(name, jit)
         from pd_train.runtime_env import ProgramOrJit, source_digest
 
         cache = self.cache
 
         def programs(name: str, jit: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             import jax
+
+            from pd_train.outputs import compile_label
 
             signature = jax.tree.map(
                 lambda a: (tuple(a.shape), str(a.dtype), repr(getattr(a, "sharding", None))),
@@ -169,14 +173,15 @@ class StepProgram:
             compiled = cache.load(key)
             outcome = "hit"
             if compiled is None:
-                compiled, stored = cache.compile_and_store(
-                    key,
-                    jit.lower(*args, **kwargs),
-                    unchanged=lambda: source_digest() == self._source,
-                )
+                with compile_label(name):
+                    compiled, stored = cache.compile_and_store(
+                        key,
+                        jit.lower(*args, **kwargs),
+                        unchanged=lambda: source_digest() == self._source,
+                    )
                 outcome = "miss" if stored else "miss, not stored"
             self.init_outcomes[name] = outcome
-            return ProgramOrJit(name, compiled, jit)
+            return _Labelled(name, ProgramOrJit(name, compiled, jit))
 
         return programs
 
@@ -245,9 +250,26 @@ def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str)
     )  # fmt: skip
 
 
-def compile_announcer(stream: Any = None) -> Any:
-    """A pd-probe ``on_compile`` callback that writes one line per compile to ``stream``
-    (default stderr): ``compiling train_step (cache miss)… 12.3 s``."""
-    from pd_probe import CompileAnnouncer
+class _Labelled:
+    """``program`` called with its compiles announced as ``name``
+    (:func:`pd_train.outputs.compile_label`)."""
 
-    return CompileAnnouncer(stream)
+    def __init__(self, name: str, program: Any) -> None:
+        self.name, self.program = name, program
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from pd_train.outputs import compile_label
+
+        with compile_label(self.name):
+            return self.program(*args, **kwargs)
+
+
+def compile_announcer(terminal: Any = None) -> Any:
+    """A pd-probe ``on_compile`` callback that writes one whole line per compile, its time
+    beside its name, through ``terminal`` (a :class:`pd_train.outputs.Terminal`; default: one on
+    stderr): ``compiled train_step in 12.3 s (cache miss)``; background compiles are announced
+    when they start (:class:`pd_train.outputs.CompileLines`). Jits are named by their
+    :func:`pd_train.outputs.compile_label` where one is set."""
+    from pd_train.outputs import Terminal, labelled
+
+    return labelled((terminal if terminal is not None else Terminal()).compile_announcer())

@@ -13,15 +13,15 @@ from pd_train.distributed import Placement
 log = logging.getLogger("pd_train")
 
 
-#: Exit code of ``pd-train run`` stopped by Ctrl-C (SIGINT), after its checkpoint, plots and
-#: summary were written (128 + SIGINT, the shell's convention). A SIGTERM stop exits 0: SLURM
+#: Exit code of ``pd-train run`` stopped by Ctrl-C (SIGINT), after its checkpoint and summary
+#: were written (its plots are skipped: the prompt comes back at once) (128 + SIGINT, the shell's convention). A SIGTERM stop exits 0: SLURM
 #: requeues the job and the next attempt resumes.
 EXIT_INTERRUPTED = 130
 
 
 class StopSignals:
-    """SIGTERM or Ctrl-C (SIGINT): finish the current step, save, write plots and the summary,
-    and return (``stop_signal`` names the signal). A second Ctrl-C aborts at once: one line on
+    """SIGTERM or Ctrl-C (SIGINT): finish the current step, save, write the summary (and after
+    SIGTERM the plots), and return (``stop_signal`` names the signal). A second Ctrl-C aborts at once: one line on
     stderr and exit 130, nothing more saved (the last checkpoint stays).
 
     The second Ctrl-C is seen by a watcher thread through ``signal.set_wakeup_fd`` (written by
@@ -35,6 +35,9 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         self._sockets: tuple[Any, Any] | None = None
         self._previous_wakeup = -1
+        #: The run's :class:`pd_train.outputs.Terminal` (None: stderr), where the abort line
+        #: goes.
+        self.terminal: Any = None
 
     def saved(self, step: int) -> None:
         """Note the last checkpoint written (named by a second Ctrl-C's abort)."""
@@ -50,9 +53,12 @@ class StopSignals:
             again = (
                 " (Ctrl-C again aborts at once, without saving)" if signum == signal.SIGINT else ""
             )
-            log.warning(
-                "%s: saving at the next step boundary, then exiting%s", self.stop_signal, again
-            )
+            # Logged from a thread: a handler runs between two bytecodes of the main thread,
+            # maybe inside the terminal's write of another line, which must finish first.
+            import threading
+
+            message = f"{self.stop_signal}: saving at the next step boundary, then exiting{again}"
+            threading.Thread(target=log.warning, args=(message,), daemon=True).start()
 
     def _abort(self) -> None:
         saved = (
@@ -60,7 +66,11 @@ class StopSignals:
             if self.last_saved is not None
             else "no checkpoint was saved by this attempt"
         )
-        os.write(2, f"pd-train: aborted by a second Ctrl-C; {saved}\n".encode())
+        text = f"pd-train: aborted by a second Ctrl-C; {saved}\n"
+        fd = getattr(self.terminal, "fd", -1)
+        clear = "\r\x1b[K" if getattr(self.terminal, "bar", False) else ""  # the status line
+        # fd 2 may be the terminal's capture pipe, whose reader would not run before the exit.
+        os.write(fd if fd >= 0 else 2, (clear + text).encode())
         os._exit(EXIT_INTERRUPTED)
 
     def _watch(self, reader: Any) -> None:
