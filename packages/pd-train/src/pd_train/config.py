@@ -48,6 +48,7 @@ __all__ = [
     "RematConfig",
     "RuntimeConfig",
     "SharedMLPCI",
+    "SmoothL0ImportanceMinimality",
     "StochasticRecon",
     "VectorMLPCI",
     "check_pd_config",
@@ -247,6 +248,42 @@ class ImportanceMinimality(LossMetric):
             " must be >= anneal_start_frac"
         )
         return [(f"{path}.anneal_end_frac", msg)]
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class SmoothL0ImportanceMinimality(LossMetric):
+    """``coeff · Σ f_c + frequency_coeff · Σ f_c · log2(1 + reference_token_count · f_c)`` with
+    f_c = mean over the global batch of ci_upper² / (ci_upper² + γ²); γ linear from
+    ``gamma_start`` to ``gamma_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
+    ``pd.steps − 1``. ``ema_halflife_steps``: the frequency part reads a debiased EMA of f_c
+    with this half-life in steps (null: this batch's f_c)."""
+
+    type: Literal["smooth_l0_importance_minimality"] = "smooth_l0_importance_minimality"
+    coeff: float = attrs.field(validator=positive())
+    gamma_start: float = attrs.field(default=1.0, validator=positive())
+    gamma_end: float = attrs.field(default=0.01, validator=positive())
+    anneal_start_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    anneal_end_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
+    frequency_coeff: float = attrs.field(default=0.0, validator=non_negative())
+    reference_token_count: int = attrs.field(default=65_536, validator=positive())
+    ema_halflife_steps: float | None = attrs.field(default=None, validator=positive())
+
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        problems = []
+        if self.anneal_end_frac < self.anneal_start_frac:
+            msg = (
+                f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
+                " must be >= anneal_start_frac"
+            )
+            problems.append((f"{path}.anneal_end_frac", msg))
+        if self.ema_halflife_steps is not None and self.frequency_coeff == 0:
+            msg = (
+                f"got {self.ema_halflife_steps} with frequency_coeff 0; the EMA feeds only the"
+                " frequency part: set frequency_coeff > 0 or leave ema_halflife_steps null"
+            )
+            problems.append((f"{path}.ema_halflife_steps", msg))
+        return problems
 
 
 @register_loss_config

@@ -70,6 +70,7 @@ def _group(kind: Kind, why: str, *paths: str, switch: Any = None) -> list[FieldC
 
 _LOSS = "pd.loss_metrics[type={}]"
 _IMP = _LOSS.format("importance_minimality")
+_SL0 = _LOSS.format("smooth_l0_importance_minimality")
 _PGD = _LOSS.format("pgd_recon")
 _PPGD = _LOSS.format("persistent_pgd_recon")
 _CT = "pd.ci[type=chunkwise_transformer]"
@@ -220,6 +221,29 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "the frequency term's weight (0 leaves the term out)",
             f"{_IMP}.frequency_coeff",
             switch="zero",
+        ),
+        *_group(
+            "value",
+            "smooth-L0's weights, its gamma schedule, the frequency term's a and the EMA's"
+            " half-life",
+            f"{_SL0}.coeff",
+            f"{_SL0}.gamma_start",
+            f"{_SL0}.gamma_end",
+            f"{_SL0}.anneal_start_frac",
+            f"{_SL0}.anneal_end_frac",
+            f"{_SL0}.reference_token_count",
+        ),
+        *_group(
+            "value",
+            "smooth-L0's frequency weight (0 leaves the frequency part out)",
+            f"{_SL0}.frequency_coeff",
+            switch="zero",
+        ),
+        *_group(
+            "value",
+            "the frequency EMA's half-life in steps (null: no EMA, no EMA state)",
+            f"{_SL0}.ema_halflife_steps",
+            switch="null",
         ),
         *_group("value", "a PGD ascent's step size", f"{_PGD}.step_size", "pd.eval_pgd.step_size"),
         *_group(

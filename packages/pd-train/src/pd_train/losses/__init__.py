@@ -8,6 +8,7 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
   :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
+  :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -49,6 +50,10 @@ from pd_train.losses.recon import (
     routing_masks,
     site_grid,
 )
+from pd_train.losses.smooth_l0 import (
+    SmoothL0ImportanceMinimality,
+    SmoothL0ImportanceMinimalityTerm,
+)
 from pd_train.losses.stochastic_recon import StochasticReconTerm
 
 __all__ = [
@@ -62,6 +67,8 @@ __all__ = [
     "PersistentPGD",
     "PersistentPGDReconTerm",
     "ReconPlan",
+    "SmoothL0ImportanceMinimality",
+    "SmoothL0ImportanceMinimalityTerm",
     "StochasticReconTerm",
     "TermInputs",
     "adam_ascent",
