@@ -443,6 +443,11 @@ class PDConfig:
     ci_fn: OptimizerConfig
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
     l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+    #: The eval's ``rounded`` masks: m = [ci_lower > rounding_threshold] (null: l0_threshold).
+    rounding_threshold: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0))
+    #: False: no delta component; a live site outputs ((x@V)·m)@U, with no δ·(x@Δ) term and
+    #: no delta channel in the drawn sources (adversarial sources keep theirs, unused).
+    use_delta_component: bool = True
     #: CI-L0 groups of the eval records (``l0_group/<name>``): ``{name: [site patterns]}``, a
     #: group's L0 the sum over the decomposed sites its fnmatch patterns match (checked by
     #: :func:`pd_train.analysis.statistics.resolve_l0_groups`). Null: per layer, per kind, total.

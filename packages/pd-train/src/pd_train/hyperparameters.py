@@ -162,6 +162,11 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         *_group("structural", "how sources are drawn", "pd.sampling"),
         *_group(
             "structural",
+            "whether live sites carry the delta component (its term and channel)",
+            "pd.use_delta_component",
+        ),
+        *_group(
+            "structural",
             "how the recon forwards are structured (scan or unrolled loops, paired terms)",
             "pd.recon.chunk_loop",
             "pd.recon.layer_loop",
@@ -281,6 +286,12 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group("value", "the faithfulness warmup's lr", "pd.faithfulness_warmup.lr"),
         *_group("value", "the eval's CI-L0 threshold", "pd.l0_threshold"),
+        *_group(
+            "value",
+            "the eval's rounded-mask threshold (null: the CI-L0 threshold)",
+            "pd.rounding_threshold",
+            switch="null",
+        ),
         *_group("value", "the run key and the data order (the key is an argument)", "seed"),
         # ---- outside the programs
         *_group("outside", "names and places", "run_name", "output_dir"),
@@ -355,7 +366,9 @@ FIELDS: tuple[FieldClass, ...] = tuple(
 
 #: Value fields that are still trace-time constants of some program: the eval programs bake
 #: in their L0 threshold and the fresh-PGD eval's step size (pd_train.evaluate).
-CONSTANT_VALUE_FIELDS = frozenset({"pd.l0_threshold", "pd.eval_pgd.step_size"})
+CONSTANT_VALUE_FIELDS = frozenset(
+    {"pd.l0_threshold", "pd.rounding_threshold", "pd.eval_pgd.step_size"}
+)
 
 _BY_PATH = {f.path: f for f in FIELDS}
 

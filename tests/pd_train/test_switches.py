@@ -1,0 +1,137 @@
+"""Switches of issue 28 item 5: the delta component off, a rounding threshold apart from the L0
+threshold. Each checked against a forward written out layer by layer in Python."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pd_train._forward import CleanRunner, site_id
+from pd_train.evaluate import batch_metrics
+from pd_train.models import llama
+from pd_train.sources import sample_source
+from pd_train.squash import lower_leaky_hard
+from pd_train.step import Trainer
+
+from .test_evaluate import FAST, THRESHOLD, TINY, _kl, _setup
+from .test_run import tiny_config, write_config
+
+ROUNDING = 0.5
+
+
+@functools.cache
+def _no_delta() -> tuple[Trainer, Any, Any, jax.Array]:
+    base, params, target, batches = _setup()
+    pd = attrs.evolve(base.pd, use_delta_component=False, rounding_threshold=ROUNDING)
+    trainer = Trainer(TINY, pd, mesh=base.mesh, compiler_options=FAST)
+    tokens = jnp.asarray(batches.batch(0).astype(np.int32))
+    return trainer, params, target, tokens
+
+
+def _reference(trainer: Trainer, params: Any, target: Any, tokens: jax.Array, key: jax.Array):
+    """{mask: logits} for ``stochastic`` and ``rounded`` with the site output ((x@V)·m)@U: no
+    delta term; the stochastic source has C channels, m = ci + (1 − ci)·r."""
+    model = trainer.model
+    comps = params["components"]
+    clean = CleanRunner(trainer.forward_spec, target, tokens)
+    _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+    ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+    sites = {(s.layer, s.kind): s for s in trainer.decomposition.sites}
+    cos, sin = llama.rope_cos_sin(model, tokens.shape[1], jnp.float32)
+
+    def mask_of(mask: str, ci: jax.Array, layer: int, kind: str) -> jax.Array:
+        if mask == "rounded":
+            return (ci > ROUNDING).astype(ci.dtype)
+        r = sample_source(
+            trainer.pd.sampling, ci.shape, key=jax.random.fold_in(key, site_id(layer, kind))
+        )
+        return ci + (1 - ci) * r
+
+    out = {"clean": llama.forward(target, tokens, model)}
+    for mask in ("stochastic", "rounded"):
+        h = llama.embed(target, tokens)
+        for layer in range(model.num_hidden_layers):
+
+            def linear(kind: str, x: jax.Array, w: jax.Array, layer=layer, mask=mask):
+                site = sites.get((layer, kind))
+                if site is None:
+                    return x @ w
+                v, u = comps[kind]["V"][site.index], comps[kind]["U"][site.index]
+                return ((x @ v) * mask_of(mask, ci_lower[kind][site.index], layer, kind)) @ u
+
+            layer_params = jax.tree.map(lambda a, i=layer: a[i], target["layers"])
+            h = llama.decoder_layer(h, layer_params, cos, sin, model, linear)
+        out[mask] = llama.unembed(target, h, model)
+    return out, ci_lower
+
+
+@pytest.mark.slow
+def test_delta_off_and_the_rounding_threshold_match_a_written_out_forward() -> None:
+    trainer, params, target, tokens = _no_delta()
+    key = jax.random.key(7)
+    record = jax.jit(batch_metrics, static_argnums=0, compiler_options=FAST)(
+        trainer, params, target, tokens, key
+    )
+    ref, ci_lower = jax.jit(_reference, static_argnums=0, compiler_options=FAST)(
+        trainer, params, target, tokens, key
+    )
+    clean = np.asarray(ref["clean"], np.float64)
+    for mask in ("stochastic", "rounded"):
+        want = _kl(clean, np.asarray(ref[mask], np.float64))
+        got = float(record[f"eval/kl_{mask}"])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=mask)
+    # L0 still counts at l0_threshold (0.1), not at the rounding threshold (0.5).
+    for kind, ci in ci_lower.items():
+        ci = np.asarray(ci)
+        want = (ci > THRESHOLD).sum(-1).mean(axis=(1, 2))
+        np.testing.assert_allclose(np.asarray(record["l0"][kind]), want, rtol=1e-6)
+        assert not np.allclose(want, (ci > ROUNDING).sum(-1).mean(axis=(1, 2)))
+    # The delta really is off: the same params with it on give another stochastic KL.
+    base, *_ = _setup()
+    with_delta = jax.jit(batch_metrics, static_argnums=0, compiler_options=FAST)(
+        base, params, target, tokens, key
+    )
+    assert abs(float(with_delta["eval/kl_stochastic"]) - float(record["eval/kl_stochastic"])) > 1e-4
+
+
+def test_a_train_step_runs_without_the_delta_component() -> None:
+    trainer, params, target, tokens = _no_delta()
+    from pd_train.config import StochasticRecon
+
+    pd = attrs.evolve(trainer.pd, loss_metrics=(StochasticRecon(coeff=1.0),), steps=2)
+    on = Trainer(TINY, attrs.evolve(pd, use_delta_component=True), compiler_options=FAST)
+    off = Trainer(TINY, pd, compiler_options=FAST)
+    key = jax.random.key(3)
+    values = {}
+    for name, t in (("on", on), ("off", off)):
+        total, _ = jax.jit(t.loss, compiler_options=FAST)(params, target, tokens, jnp.int32(0), key)
+        values[name] = float(total)
+    assert np.isfinite(values["off"]) and values["off"] > 0
+    assert values["off"] != pytest.approx(values["on"], rel=1e-4)
+
+
+BAD = [
+    ({"rounding_threshold": 1.5}, "pd.rounding_threshold: got 1.5; must be in [0.0, 1.0]"),
+    ({"rounding_threshold": -0.1}, "pd.rounding_threshold: got -0.1; must be in [0.0, 1.0]"),
+    ({"use_delta_component": "maybe"}, "pd.use_delta_component"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_switch_values_are_refused_by_field_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, message: str
+) -> None:
+    from pd_train.cli import main
+
+    config = tiny_config(tmp_path, tmp_path / "cache", **change)
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()
