@@ -135,3 +135,60 @@ def test_bad_switch_values_are_refused_by_field_path(
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_terms_of_one_type_report_under_their_names() -> None:
+    from pd_train.config import ChunkwiseSubsetRecon, StochasticRecon
+
+    trainer, params, target, tokens = _no_delta()
+    terms = (
+        StochasticRecon(coeff=1.0),
+        ChunkwiseSubsetRecon(coeff=0.5, sites_per_chunk=1, name="layerwise"),
+        ChunkwiseSubsetRecon(coeff=2.0, sites_per_chunk=2, name="chunked"),
+    )
+    pd = attrs.evolve(trainer.pd, loss_metrics=terms, use_delta_component=True)
+    named = Trainer(TINY, pd, compiler_options=FAST)
+    total, aux = jax.jit(named.loss, compiler_options=FAST)(
+        params, target, tokens, jnp.int32(0), jax.random.key(3)
+    )
+    values = {k: float(v) for k, v in aux["terms"].items()}
+    assert sorted(values) == ["chunked", "layerwise", "stochastic_recon"]
+    assert all(v > 0 for v in values.values())
+    assert values["layerwise"] != pytest.approx(values["chunked"], rel=1e-4)
+    want = values["stochastic_recon"] + 0.5 * values["layerwise"] + 2.0 * values["chunked"]
+    assert float(total) == pytest.approx(want, rel=1e-6)
+
+
+CHUNKED = {"type": "chunkwise_subset_recon", "coeff": 1.0, "sites_per_chunk": 2}
+BAD_NAMES = [
+    (
+        [CHUNKED, CHUNKED],
+        "pd.loss_metrics[4].type: type 'chunkwise_subset_recon' appears twice (also at"
+        " pd.loss_metrics[3]) without a name",
+    ),
+    (
+        [{**CHUNKED, "name": "sub"}, {**CHUNKED, "name": "sub"}],
+        "pd.loss_metrics[4].name: got 'sub', also the metric name of pd.loss_metrics[3]",
+    ),
+    (
+        [{**CHUNKED, "name": "stochastic_recon"}],
+        "pd.loss_metrics[3].name: got 'stochastic_recon', also the metric name of"
+        " pd.loss_metrics[2]",
+    ),
+    ([{**CHUNKED, "name": "a b"}], "pd.loss_metrics[3].name: got 'a b'; must be a non-empty"),
+    ([{**CHUNKED, "name": ""}], "pd.loss_metrics[3].name: got ''; must be a non-empty"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD_NAMES, ids=[str(i) for i in range(5)])
+def test_repeated_terms_need_distinct_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list, message: str
+) -> None:
+    from pd_train.cli import main
+
+    config = tiny_config(tmp_path, tmp_path / "cache")
+    config["pd"]["loss_metrics"].extend(extra)
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()

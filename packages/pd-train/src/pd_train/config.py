@@ -9,6 +9,7 @@ functions in :mod:`pd_train.decomposition` and :func:`check_pd_config`, raising
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import attrs
@@ -66,6 +67,23 @@ def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[i
         raise FieldValueError(attribute.name, msg)
 
 
+def _term_name(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:  # type: ignore[type-arg]
+    from pd_train._config_io import FieldValueError
+
+    if value is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        msg = (
+            f"got {value!r}; must be a non-empty metric name of letters, digits, '_', '.', '-'"
+            " (the term reports loss/<name>)"
+        )
+        raise FieldValueError(attribute.name, msg)
+
+
+#: The optional ``name`` of a ``pd.loss_metrics`` entry: it reports ``loss/{name}`` instead of
+#: ``loss/{type}``; two entries of one type need distinct names.
+def _name_field() -> Any:
+    return attrs.field(default=None, validator=_term_name)
+
+
 class CIConfig:
     """Base of the ``pd.ci`` configs: an open tagged union (``type`` picks the member). A CI
     type's config class subclasses it (attrs, frozen, kw_only, a ``type`` tag) and is registered
@@ -84,10 +102,12 @@ class CIConfig:
 class LossMetric:
     """Base of the ``pd.loss_metrics`` entries: an open tagged union like :class:`CIConfig`;
     members are registered with :func:`register_loss_config` (``pd_train.losses.register_loss_term``
-    does it). Each has a ``type`` tag and a ``coeff``."""
+    does it). Each has a ``type`` tag, a ``coeff`` and an optional ``name`` (its metric is
+    ``loss/{name}``, default ``loss/{type}``; a type may repeat when each has its own name)."""
 
     type: str
     coeff: float
+    name: str | None
 
     @classmethod
     def registered_configs(cls) -> tuple[Any, ...]:
@@ -219,6 +239,7 @@ class Faithfulness(LossMetric):
     """Σ_sites ‖W − V@U‖² / Σ_sites numel(W)."""
 
     type: Literal["faithfulness"] = "faithfulness"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
 
 
@@ -231,6 +252,7 @@ class ImportanceMinimality(LossMetric):
     ``pd.steps``."""
 
     type: Literal["importance_minimality"] = "importance_minimality"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     pnorm_start: float = attrs.field(default=2.0, validator=positive())
     pnorm_end: float = attrs.field(default=2.0, validator=positive())
@@ -260,6 +282,7 @@ class SmoothL0ImportanceMinimality(LossMetric):
     with this half-life in steps (null: this batch's f_c)."""
 
     type: Literal["smooth_l0_importance_minimality"] = "smooth_l0_importance_minimality"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=positive())
     gamma_start: float = attrs.field(default=1.0, validator=positive())
     gamma_end: float = attrs.field(default=0.01, validator=positive())
@@ -292,6 +315,7 @@ class StochasticRecon(LossMetric):
     """KL(clean ‖ masked) on final logits with every site live, mean over n_samples draws."""
 
     type: Literal["stochastic_recon"] = "stochastic_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     n_samples: int = attrs.field(default=1, validator=positive())
 
@@ -303,6 +327,7 @@ class ChunkwiseSubsetRecon(LossMetric):
     k ~ U{1..n_live} and each position routes a random k-subset of the chunk's sites."""
 
     type: Literal["chunkwise_subset_recon"] = "chunkwise_subset_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     sites_per_chunk: int = attrs.field(validator=positive())
     n_samples: int = attrs.field(default=1, validator=positive())
@@ -334,6 +359,7 @@ class PGDRecon(LossMetric):
     (one chunk); a number uses the chunkwise-subset plan with per-position uniform-k routing."""
 
     type: Literal["pgd_recon"] = "pgd_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     init: Literal["random", "ones", "zeros"] = attrs.field(
         default="random", validator=one_of("random", "ones", "zeros")
@@ -374,6 +400,7 @@ class PersistentPGDRecon(LossMetric):
     final ascent along the main backward's source gradient divided by ``coeff`` (> 0)."""
 
     type: Literal["persistent_pgd_recon"] = "persistent_pgd_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=positive())
     scope: Literal["sc", "bsc"] = attrs.field(default="bsc", validator=one_of("sc", "bsc"))
     n_warmup_steps: int = attrs.field(default=0, validator=non_negative())
@@ -553,13 +580,19 @@ def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
     seen: dict[str, int] = {}
     for i, term in enumerate(pd.loss_metrics):
         where = f"{path}.loss_metrics[{i}]"
-        if term.type in seen:
-            msg = (
-                f"type {term.type!r} appears twice (also at {path}.loss_metrics[{seen[term.type]}]);"
-                " each loss type may appear once"
-            )
-            problems.append((f"{where}.type", msg))
-        seen.setdefault(term.type, i)
+        name = getattr(term, "name", None) or term.type
+        if name in seen:
+            other = f"{path}.loss_metrics[{seen[name]}]"
+            if getattr(term, "name", None) is None:
+                msg = (
+                    f"type {term.type!r} appears twice (also at {other}) without a name; give"
+                    " each a distinct `name` (it reports loss/<name>)"
+                )
+                problems.append((f"{where}.type", msg))
+            else:
+                msg = f"got {name!r}, also the metric name of {other}; names must be distinct"
+                problems.append((f"{where}.name", msg))
+        seen.setdefault(name, i)
         term_problems = getattr(term, "problems", None)
         if term_problems is not None:
             problems.extend(term_problems(where))

@@ -162,6 +162,22 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         *_group("structural", "how sources are drawn", "pd.sampling"),
         *_group(
             "structural",
+            "a loss term's metric name (a key of the step's metrics)",
+            *(
+                _LOSS.format(t) + ".name"
+                for t in (
+                    "faithfulness",
+                    "importance_minimality",
+                    "smooth_l0_importance_minimality",
+                    "stochastic_recon",
+                    "chunkwise_subset_recon",
+                    "pgd_recon",
+                    "persistent_pgd_recon",
+                )
+            ),
+        ),
+        *_group(
+            "structural",
             "whether live sites carry the delta component (its term and channel)",
             "pd.use_delta_component",
         ),

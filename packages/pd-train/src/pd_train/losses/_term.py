@@ -72,7 +72,7 @@ class LossTerm:
     """One loss-term type. Subclass it, set :attr:`config_cls` (an attrs class with a ``type``
     tag and a ``coeff``), override what applies, and register an instance with
     :func:`register_loss_term`. The step adds ``hp["coeff"] · value`` to the total and reports
-    ``loss/{type}``."""
+    ``loss/{name}`` (the entry's ``name``, default its ``type``)."""
 
     #: The term's config class (its ``type`` default is the registry key).
     config_cls: ClassVar[type]

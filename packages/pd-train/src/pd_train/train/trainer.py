@@ -311,7 +311,7 @@ class Trainer(TrainerState, TrainerWarmup):
                         hp=term_hp,
                         key=jax.random.fold_in(key, i),
                     )
-            aux["terms"][config.type] = value
+            aux["terms"][getattr(config, "name", None) or config.type] = value
             aux.update(extra)
             total = total + term_hp["coeff"] * value
         return total, aux
@@ -539,7 +539,7 @@ class Trainer(TrainerState, TrainerWarmup):
         """One step (jitted; ``state`` is donated): returns the new state and the metrics.
 
         tokens [B, T] int32 (batch-sharded with a mesh); key: :func:`step_key` of the step.
-        Metrics: ``loss/{type}`` per loss term, ``loss/total``, ``grad_norm/{group}``,
+        Metrics: ``loss/{name}`` per loss term (its ``name``, default its ``type``), ``loss/total``, ``grad_norm/{group}``,
         ``lr/{group}``, ``pnorm`` (with importance minimality), ``l0`` ({kind: [n_k]}; see
         :meth:`metrics_to_host` for per-site names).
         """
