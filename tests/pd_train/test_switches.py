@@ -4,6 +4,7 @@ threshold. Each checked against a forward written out layer by layer in Python."
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,76 @@ def test_repeated_terms_need_distinct_names(
 
     config = tiny_config(tmp_path, tmp_path / "cache")
     config["pd"]["loss_metrics"].extend(extra)
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def _single_term_loss(term: Any) -> float:
+    trainer, params, target, tokens = _no_delta()
+    pd = attrs.evolve(trainer.pd, loss_metrics=(term,), use_delta_component=True)
+    t = Trainer(TINY, pd, compiler_options=FAST)
+    total, _ = jax.jit(t.loss, compiler_options=FAST)(
+        params, target, tokens, jnp.int32(0), jax.random.key(3)
+    )
+    return float(total)
+
+
+def test_static_probability_routing_at_its_ends() -> None:
+    from pd_train.config import StaticProbabilitySubsetRecon, StochasticRecon
+
+    every = _single_term_loss(StochasticRecon(coeff=1.0))
+    # p = 1: every site routed everywhere, the same draw keys: the stochastic recon's value.
+    assert _single_term_loss(StaticProbabilitySubsetRecon(coeff=1.0, p=1.0)) == pytest.approx(
+        every, rel=1e-6
+    )
+    # p = 0: every site frozen: the clean forward, KL 0.
+    assert _single_term_loss(StaticProbabilitySubsetRecon(coeff=1.0, p=0.0)) == pytest.approx(
+        0.0, abs=1e-6
+    )
+    half = _single_term_loss(StaticProbabilitySubsetRecon(coeff=1.0, p=0.5, sites_per_chunk=2))
+    assert 0 < half < every
+
+
+def test_static_probability_routes_each_live_site_with_probability_p() -> None:
+    from pd_train.losses.recon import _static_routing
+
+    grid = np.array([[0, -1], [1, 2], [-1, 3]], np.int32)  # 3 layers, 2 kinds, 4 sites
+    site_mask = np.array([True, True, False, True])
+    routed = np.asarray(
+        _static_routing(site_mask, 0.3, (64, 256), grid, jax.random.key(0))
+    )  # [L, K, B, T]
+    assert routed.shape == (3, 2, 64, 256)
+    assert not routed[0, 1].any() and not routed[2, 0].any()  # no site there
+    assert not routed[1, 1].any()  # site 2 is not live in this chunk
+    n = 64 * 256
+    for layer, kind in ((0, 0), (1, 0), (2, 1)):
+        frac = routed[layer, kind].mean()
+        assert abs(frac - 0.3) < 4 * math.sqrt(0.3 * 0.7 / n), frac
+    # Sites are routed independently: the joint rate is p² (not p, as one shared draw gives).
+    both = (routed[0, 0] & routed[1, 0]).mean()
+    assert abs(both - 0.09) < 4 * math.sqrt(0.09 * 0.91 / n), both
+
+
+BAD_STATIC = [
+    ({"p": 1.5}, "pd.loss_metrics[3].p: got 1.5; must be in [0.0, 1.0]"),
+    ({"p": -0.5}, "pd.loss_metrics[3].p: got -0.5; must be in [0.0, 1.0]"),
+    ({"sites_per_chunk": 0}, "pd.loss_metrics[3].sites_per_chunk: got 0; must be > 0"),
+    ({"n_samples": 0}, "pd.loss_metrics[3].n_samples: got 0; must be > 0"),
+    ({"coeff": -1.0}, "pd.loss_metrics[3].coeff: got -1.0; must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_STATIC, ids=[m[:22] for _, m in BAD_STATIC])
+def test_bad_static_probability_fields_are_refused_by_field_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, message: str
+) -> None:
+    from pd_train.cli import main
+
+    config = tiny_config(tmp_path, tmp_path / "cache")
+    term = {"type": "static_probability_subset_recon", "coeff": 1.0, "p": 0.5, **change}
+    config["pd"]["loss_metrics"].append(term)
     assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
     err = capsys.readouterr().err
     assert message in err, err

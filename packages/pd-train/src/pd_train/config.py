@@ -50,6 +50,7 @@ __all__ = [
     "RuntimeConfig",
     "SharedMLPCI",
     "SmoothL0ImportanceMinimality",
+    "StaticProbabilitySubsetRecon",
     "StochasticRecon",
     "VectorMLPCI",
     "check_pd_config",
@@ -330,6 +331,23 @@ class ChunkwiseSubsetRecon(LossMetric):
     name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     sites_per_chunk: int = attrs.field(validator=positive())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class StaticProbabilitySubsetRecon(LossMetric):
+    """KL(clean ‖ masked) where, per draw, each live site at each position independently takes
+    its component path with probability ``p`` (else frozen; spd's ``static_probability``
+    router), mean over chunks and n_samples draws. ``sites_per_chunk``: null routes over every
+    site in one forward; a number cuts the sites (canonical order) into chunks as
+    ``chunkwise_subset_recon`` does."""
+
+    type: Literal["static_probability_subset_recon"] = "static_probability_subset_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+    p: float = attrs.field(validator=in_range(0.0, 1.0))
+    sites_per_chunk: int | None = attrs.field(default=None, validator=positive())
     n_samples: int = attrs.field(default=1, validator=positive())
 
 

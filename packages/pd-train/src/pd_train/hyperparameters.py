@@ -124,12 +124,14 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "draws per term: how many masked forwards the step runs",
             _LOSS.format("stochastic_recon") + ".n_samples",
             _LOSS.format("chunkwise_subset_recon") + ".n_samples",
+            _LOSS.format("static_probability_subset_recon") + ".n_samples",
             f"{_PGD}.n_samples",
         ),
         *_group(
             "structural",
             "the recon plan: which sites are live in each masked forward",
             _LOSS.format("chunkwise_subset_recon") + ".sites_per_chunk",
+            _LOSS.format("static_probability_subset_recon") + ".sites_per_chunk",
             f"{_PGD}.sites_per_chunk",
         ),
         *_group(
@@ -169,6 +171,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "faithfulness",
                     "importance_minimality",
                     "smooth_l0_importance_minimality",
+                    "static_probability_subset_recon",
                     "stochastic_recon",
                     "chunkwise_subset_recon",
                     "pgd_recon",
@@ -224,8 +227,14 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "chunkwise_subset_recon",
                     "pgd_recon",
                     "persistent_pgd_recon",
+                    "static_probability_subset_recon",
                 )
             ),
+        ),
+        *_group(
+            "value",
+            "the static-probability router's p",
+            _LOSS.format("static_probability_subset_recon") + ".p",
         ),
         *_group(
             "value",

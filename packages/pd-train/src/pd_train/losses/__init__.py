@@ -9,6 +9,7 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
   :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
   :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
+  :mod:`~pd_train.losses.static_probability_subset_recon`,
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -54,6 +55,7 @@ from pd_train.losses.smooth_l0 import (
     SmoothL0ImportanceMinimality,
     SmoothL0ImportanceMinimalityTerm,
 )
+from pd_train.losses.static_probability_subset_recon import StaticProbabilitySubsetReconTerm
 from pd_train.losses.stochastic_recon import StochasticReconTerm
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "ReconPlan",
     "SmoothL0ImportanceMinimality",
     "SmoothL0ImportanceMinimalityTerm",
+    "StaticProbabilitySubsetReconTerm",
     "StochasticReconTerm",
     "TermInputs",
     "adam_ascent",
