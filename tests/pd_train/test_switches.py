@@ -263,3 +263,48 @@ def test_bad_static_probability_fields_are_refused_by_field_path(
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_ci_masked_and_unmasked_recon_as_training_terms_match_a_written_out_forward() -> None:
+    from pd_train.config import CIMaskedRecon, UnmaskedRecon
+
+    from .test_evaluate import _reference_logits
+
+    base, params, target, batches = _setup()
+    tokens = jnp.asarray(batches.batch(0).astype(np.int32))
+    pd = attrs.evolve(base.pd, loss_metrics=(CIMaskedRecon(coeff=1.0), UnmaskedRecon(coeff=2.0)))
+    trainer = Trainer(TINY, pd, compiler_options=FAST)
+    key = jax.random.key(3)
+
+    def loss(params: Any) -> Any:
+        return trainer.loss(params, target, tokens, jnp.int32(0), key)
+
+    (total, aux), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    ref = _reference_logits(base, params, target, tokens, key)
+    clean = np.asarray(ref["clean"], np.float64)
+    want_ci = _kl(clean, np.asarray(ref["ci"], np.float64))
+    want_ones = _kl(clean, np.asarray(ref["ones"], np.float64))
+    np.testing.assert_allclose(float(aux["terms"]["ci_masked_recon"]), want_ci, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["terms"]["unmasked_recon"]), want_ones, rtol=1e-5)
+    assert float(total) == pytest.approx(want_ci + 2.0 * want_ones, rel=1e-5)
+    assert want_ci > 0 and want_ones > 0 and abs(want_ci - want_ones) > 1e-4
+    # Only the CI-masked term reaches the CI function.
+    ci_grad = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads["ci_fn"]))
+    assert ci_grad > 0
+    pd_ones = attrs.evolve(base.pd, loss_metrics=(UnmaskedRecon(coeff=1.0),))
+    ones_only = Trainer(TINY, pd_ones, compiler_options=FAST)
+    g = jax.jit(jax.grad(lambda p: ones_only.loss(p, target, tokens, jnp.int32(0), key)[0]))(params)
+    assert all(float(jnp.max(jnp.abs(x))) == 0 for x in jax.tree.leaves(g["ci_fn"]))
+
+
+@pytest.mark.parametrize("kind", ["ci_masked_recon", "unmasked_recon"])
+def test_bad_fixed_mask_recon_coeff_is_refused_by_field_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    from pd_train.cli import main
+
+    config = tiny_config(tmp_path, tmp_path / "cache")
+    config["pd"]["loss_metrics"].append({"type": kind, "coeff": -2.0})
+    assert main(["run", str(write_config(tmp_path, config, "bad.yaml"))]) == 2
+    err = capsys.readouterr().err
+    assert "pd.loss_metrics[3].coeff: got -2.0; must be >= 0" in err, err

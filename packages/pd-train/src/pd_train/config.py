@@ -26,6 +26,7 @@ from pd_train._config_io import (
 __all__ = [
     "MLPCI",
     "CIConfig",
+    "CIMaskedRecon",
     "ChunkwiseSubsetRecon",
     "ChunkwiseTransformerCI",
     "CompileCacheConfig",
@@ -52,6 +53,7 @@ __all__ = [
     "SmoothL0ImportanceMinimality",
     "StaticProbabilitySubsetRecon",
     "StochasticRecon",
+    "UnmaskedRecon",
     "VectorMLPCI",
     "check_pd_config",
     "ci_config_problems",
@@ -349,6 +351,28 @@ class StaticProbabilitySubsetRecon(LossMetric):
     p: float = attrs.field(validator=in_range(0.0, 1.0))
     sites_per_chunk: int | None = attrs.field(default=None, validator=positive())
     n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class CIMaskedRecon(LossMetric):
+    """KL(clean ‖ masked) with every site live at every position under m = ci_lower and no
+    delta component (spd's ``CIMaskedReconLoss``; the eval's ``kl_ci``)."""
+
+    type: Literal["ci_masked_recon"] = "ci_masked_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class UnmaskedRecon(LossMetric):
+    """KL(clean ‖ masked) with every site live at every position under m = 1 and no delta
+    component: the V@U model (spd's ``UnmaskedReconLoss``; the eval's ``kl_ones``)."""
+
+    type: Literal["unmasked_recon"] = "unmasked_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
 
 
 @attrs.frozen(kw_only=True)

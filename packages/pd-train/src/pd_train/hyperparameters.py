@@ -172,6 +172,8 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "importance_minimality",
                     "smooth_l0_importance_minimality",
                     "static_probability_subset_recon",
+                    "ci_masked_recon",
+                    "unmasked_recon",
                     "stochastic_recon",
                     "chunkwise_subset_recon",
                     "pgd_recon",
@@ -228,6 +230,8 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "pgd_recon",
                     "persistent_pgd_recon",
                     "static_probability_subset_recon",
+                    "ci_masked_recon",
+                    "unmasked_recon",
                 )
             ),
         ),

@@ -10,6 +10,7 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
   :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
   :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
   :mod:`~pd_train.losses.static_probability_subset_recon`,
+  :mod:`~pd_train.losses.ci_masked_recon`, :mod:`~pd_train.losses.unmasked_recon`,
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -30,6 +31,7 @@ from pd_train.losses._term import (
     register_loss_term,
 )
 from pd_train.losses.chunkwise_subset_recon import ChunkwiseSubsetReconTerm
+from pd_train.losses.ci_masked_recon import CIMaskedReconTerm
 from pd_train.losses.faithfulness import FaithfulnessTerm, faithfulness
 from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
@@ -57,9 +59,11 @@ from pd_train.losses.smooth_l0 import (
 )
 from pd_train.losses.static_probability_subset_recon import StaticProbabilitySubsetReconTerm
 from pd_train.losses.stochastic_recon import StochasticReconTerm
+from pd_train.losses.unmasked_recon import UnmaskedReconTerm
 
 __all__ = [
     "LOSS_TERMS",
+    "CIMaskedReconTerm",
     "ChunkwiseSubsetReconTerm",
     "FaithfulnessTerm",
     "FreshPGD",
@@ -74,6 +78,7 @@ __all__ = [
     "StaticProbabilitySubsetReconTerm",
     "StochasticReconTerm",
     "TermInputs",
+    "UnmaskedReconTerm",
     "adam_ascent",
     "all_sites_plan",
     "annealed_pnorm",
