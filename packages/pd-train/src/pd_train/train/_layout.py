@@ -35,6 +35,7 @@ class TrainerState:
     ci_fn: Any
     tx: dict[str, optax.GradientTransformation]
     ppgd: PersistentPGD | None
+    term_state_specs: dict[str, Any]
     _init_plan: pd_init.InitPlan | None
     _init_stack_jit: Any
     _opt_init_jit: Any
