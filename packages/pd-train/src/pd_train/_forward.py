@@ -25,6 +25,7 @@ from pd_train.decomposition import Decomposition, Segment
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import masks, sample_source
+from pd_train.squash import unit_clip
 from pd_train.targets.base import Target, as_target
 
 Tree = Any
@@ -49,6 +50,8 @@ class ForwardSpec:
     sampling: str = "continuous"
     layer_unroll: bool = False
     remat_layers: bool = False
+    #: False: live sites output ((x@V)·m)@U (no delta component, no delta channel drawn).
+    use_delta: bool = True
     #: ``constrain(x [B, ...]) -> x`` keeps activations batch-sharded (identity without a mesh).
     constrain: Callable[[jax.Array], jax.Array] = attrs.field(default=lambda x: x, eq=False)
 
@@ -324,18 +327,23 @@ def live_site_output(
     ``source``); j: the kind's column in the segment; x [B, T, d_in]; xw = x@W [B, T, d_out];
     key, source_scale: as :func:`masked_forward`'s."""
     ci = xs["ci"][kind]
+    n_channels = ci.shape[-1] + (1 if spec.use_delta else 0)
     if "source" in xs:
-        source = xs["source"][kind]
+        source = xs["source"][kind][..., :n_channels]
     else:
         source = sample_source(
             spec.sampling,
-            (*x.shape[:-1], ci.shape[-1] + 1),
+            (*x.shape[:-1], n_channels),
             key=jax.random.fold_in(key, xs["site_id"][j]),
         )
         # Kept for the backward of a rematerialized layer (not drawn a second time there).
         source = checkpoint_name(source, SOURCE_NAME)
     if source_scale is not None:
         source = source * jnp.asarray(source_scale, source.dtype)
+    if not spec.use_delta:  # m = ci + (1 − ci)·r over C channels, no delta term
+        clipped = unit_clip(ci)
+        m = clipped + (1 - clipped) * source.astype(clipped.dtype)
+        return ((x @ xs["V"][kind]) * m.astype(x.dtype)) @ xs["U"][kind]
     m, delta = masks(ci, source)
     inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
     return inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw

@@ -9,6 +9,7 @@ functions in :mod:`pd_train.decomposition` and :func:`check_pd_config`, raising
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import attrs
@@ -25,6 +26,7 @@ from pd_train._config_io import (
 __all__ = [
     "MLPCI",
     "CIConfig",
+    "CIMaskedRecon",
     "ChunkwiseSubsetRecon",
     "ChunkwiseTransformerCI",
     "CompileCacheConfig",
@@ -48,7 +50,10 @@ __all__ = [
     "RematConfig",
     "RuntimeConfig",
     "SharedMLPCI",
+    "SmoothL0ImportanceMinimality",
+    "StaticProbabilitySubsetRecon",
     "StochasticRecon",
+    "UnmaskedRecon",
     "VectorMLPCI",
     "check_pd_config",
     "ci_config_problems",
@@ -63,6 +68,23 @@ def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[i
     if not value or not all(isinstance(v, int) and v > 0 for v in value):
         msg = f"got {list(value)!r}; must be a non-empty list of positive ints (the hidden widths)"
         raise FieldValueError(attribute.name, msg)
+
+
+def _term_name(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:  # type: ignore[type-arg]
+    from pd_train._config_io import FieldValueError
+
+    if value is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        msg = (
+            f"got {value!r}; must be a non-empty metric name of letters, digits, '_', '.', '-'"
+            " (the term reports loss/<name>)"
+        )
+        raise FieldValueError(attribute.name, msg)
+
+
+#: The optional ``name`` of a ``pd.loss_metrics`` entry: it reports ``loss/{name}`` instead of
+#: ``loss/{type}``; two entries of one type need distinct names.
+def _name_field() -> Any:
+    return attrs.field(default=None, validator=_term_name)
 
 
 class CIConfig:
@@ -83,10 +105,12 @@ class CIConfig:
 class LossMetric:
     """Base of the ``pd.loss_metrics`` entries: an open tagged union like :class:`CIConfig`;
     members are registered with :func:`register_loss_config` (``pd_train.losses.register_loss_term``
-    does it). Each has a ``type`` tag and a ``coeff``."""
+    does it). Each has a ``type`` tag, a ``coeff`` and an optional ``name`` (its metric is
+    ``loss/{name}``, default ``loss/{type}``; a type may repeat when each has its own name)."""
 
     type: str
     coeff: float
+    name: str | None
 
     @classmethod
     def registered_configs(cls) -> tuple[Any, ...]:
@@ -218,6 +242,7 @@ class Faithfulness(LossMetric):
     """Σ_sites ‖W − V@U‖² / Σ_sites numel(W)."""
 
     type: Literal["faithfulness"] = "faithfulness"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
 
 
@@ -230,6 +255,7 @@ class ImportanceMinimality(LossMetric):
     ``pd.steps``."""
 
     type: Literal["importance_minimality"] = "importance_minimality"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     pnorm_start: float = attrs.field(default=2.0, validator=positive())
     pnorm_end: float = attrs.field(default=2.0, validator=positive())
@@ -251,10 +277,48 @@ class ImportanceMinimality(LossMetric):
 
 @register_loss_config
 @attrs.frozen(kw_only=True)
+class SmoothL0ImportanceMinimality(LossMetric):
+    """``coeff · Σ f_c + frequency_coeff · Σ f_c · log2(1 + reference_token_count · f_c)`` with
+    f_c = mean over the global batch of ci_upper² / (ci_upper² + γ²); γ linear from
+    ``gamma_start`` to ``gamma_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
+    ``pd.steps − 1``. ``ema_halflife_steps``: the frequency part reads a debiased EMA of f_c
+    with this half-life in steps (null: this batch's f_c)."""
+
+    type: Literal["smooth_l0_importance_minimality"] = "smooth_l0_importance_minimality"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=positive())
+    gamma_start: float = attrs.field(default=1.0, validator=positive())
+    gamma_end: float = attrs.field(default=0.01, validator=positive())
+    anneal_start_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    anneal_end_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
+    frequency_coeff: float = attrs.field(default=0.0, validator=non_negative())
+    reference_token_count: int = attrs.field(default=65_536, validator=positive())
+    ema_halflife_steps: float | None = attrs.field(default=None, validator=positive())
+
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        problems = []
+        if self.anneal_end_frac < self.anneal_start_frac:
+            msg = (
+                f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
+                " must be >= anneal_start_frac"
+            )
+            problems.append((f"{path}.anneal_end_frac", msg))
+        if self.ema_halflife_steps is not None and self.frequency_coeff == 0:
+            msg = (
+                f"got {self.ema_halflife_steps} with frequency_coeff 0; the EMA feeds only the"
+                " frequency part: set frequency_coeff > 0 or leave ema_halflife_steps null"
+            )
+            problems.append((f"{path}.ema_halflife_steps", msg))
+        return problems
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
 class StochasticRecon(LossMetric):
     """KL(clean ‖ masked) on final logits with every site live, mean over n_samples draws."""
 
     type: Literal["stochastic_recon"] = "stochastic_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     n_samples: int = attrs.field(default=1, validator=positive())
 
@@ -266,9 +330,49 @@ class ChunkwiseSubsetRecon(LossMetric):
     k ~ U{1..n_live} and each position routes a random k-subset of the chunk's sites."""
 
     type: Literal["chunkwise_subset_recon"] = "chunkwise_subset_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     sites_per_chunk: int = attrs.field(validator=positive())
     n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class StaticProbabilitySubsetRecon(LossMetric):
+    """KL(clean ‖ masked) where, per draw, each live site at each position independently takes
+    its component path with probability ``p`` (else frozen; spd's ``static_probability``
+    router), mean over chunks and n_samples draws. ``sites_per_chunk``: null routes over every
+    site in one forward; a number cuts the sites (canonical order) into chunks as
+    ``chunkwise_subset_recon`` does."""
+
+    type: Literal["static_probability_subset_recon"] = "static_probability_subset_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+    p: float = attrs.field(validator=in_range(0.0, 1.0))
+    sites_per_chunk: int | None = attrs.field(default=None, validator=positive())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class CIMaskedRecon(LossMetric):
+    """KL(clean ‖ masked) with every site live at every position under m = ci_lower and no
+    delta component (spd's ``CIMaskedReconLoss``; the eval's ``kl_ci``)."""
+
+    type: Literal["ci_masked_recon"] = "ci_masked_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class UnmaskedRecon(LossMetric):
+    """KL(clean ‖ masked) with every site live at every position under m = 1 and no delta
+    component: the V@U model (spd's ``UnmaskedReconLoss``; the eval's ``kl_ones``)."""
+
+    type: Literal["unmasked_recon"] = "unmasked_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
 
 
 @attrs.frozen(kw_only=True)
@@ -297,6 +401,7 @@ class PGDRecon(LossMetric):
     (one chunk); a number uses the chunkwise-subset plan with per-position uniform-k routing."""
 
     type: Literal["pgd_recon"] = "pgd_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
     init: Literal["random", "ones", "zeros"] = attrs.field(
         default="random", validator=one_of("random", "ones", "zeros")
@@ -337,6 +442,7 @@ class PersistentPGDRecon(LossMetric):
     final ascent along the main backward's source gradient divided by ``coeff`` (> 0)."""
 
     type: Literal["persistent_pgd_recon"] = "persistent_pgd_recon"
+    name: str | None = _name_field()
     coeff: float = attrs.field(validator=positive())
     scope: Literal["sc", "bsc"] = attrs.field(default="bsc", validator=one_of("sc", "bsc"))
     n_warmup_steps: int = attrs.field(default=0, validator=non_negative())
@@ -406,6 +512,11 @@ class PDConfig:
     ci_fn: OptimizerConfig
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
     l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+    #: The eval's ``rounded`` masks: m = [ci_lower > rounding_threshold] (null: l0_threshold).
+    rounding_threshold: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0))
+    #: False: no delta component; a live site outputs ((x@V)·m)@U, with no δ·(x@Δ) term and
+    #: no delta channel in the drawn sources (adversarial sources keep theirs, unused).
+    use_delta_component: bool = True
     #: CI-L0 groups of the eval records (``l0_group/<name>``): ``{name: [site patterns]}``, a
     #: group's L0 the sum over the decomposed sites its fnmatch patterns match (checked by
     #: :func:`pd_train.analysis.statistics.resolve_l0_groups`). Null: per layer, per kind, total.
@@ -511,13 +622,19 @@ def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
     seen: dict[str, int] = {}
     for i, term in enumerate(pd.loss_metrics):
         where = f"{path}.loss_metrics[{i}]"
-        if term.type in seen:
-            msg = (
-                f"type {term.type!r} appears twice (also at {path}.loss_metrics[{seen[term.type]}]);"
-                " each loss type may appear once"
-            )
-            problems.append((f"{where}.type", msg))
-        seen.setdefault(term.type, i)
+        name = getattr(term, "name", None) or term.type
+        if name in seen:
+            other = f"{path}.loss_metrics[{seen[name]}]"
+            if getattr(term, "name", None) is None:
+                msg = (
+                    f"type {term.type!r} appears twice (also at {other}) without a name; give"
+                    " each a distinct `name` (it reports loss/<name>)"
+                )
+                problems.append((f"{where}.type", msg))
+            else:
+                msg = f"got {name!r}, also the metric name of {other}; names must be distinct"
+                problems.append((f"{where}.name", msg))
+        seen.setdefault(name, i)
         term_problems = getattr(term, "problems", None)
         if term_problems is not None:
             problems.extend(term_problems(where))

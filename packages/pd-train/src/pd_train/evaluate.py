@@ -6,7 +6,7 @@ the model with every decomposed site on its component path is run under four mas
 * ``ci``: m = ci_lower, δ = 0 (what the decomposition claims is needed);
 * ``ones``: m = 1, δ = 0 (all components, no delta: the V@U model);
 * ``stochastic``: the training sources (m = ci + (1 − ci)·r, δ from r);
-* ``rounded``: m = [ci_lower > l0_threshold], δ = 0.
+* ``rounded``: m = [ci_lower > rounding_threshold (default l0_threshold)], δ = 0.
 
 Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state as
 they are (a ``persistent_pgd_recon`` term; no ascent at eval); ``pgd`` — fresh PGD sources
@@ -78,7 +78,9 @@ def batch_metrics(
     clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
     ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
     threshold = trainer.pd.l0_threshold
-    rounded = {k: (v > threshold).astype(v.dtype) for k, v in ci_lower.items()}
+    rounding = trainer.pd.rounding_threshold
+    rounding = threshold if rounding is None else rounding
+    rounded = {k: (v > rounding).astype(v.dtype) for k, v in ci_lower.items()}
     # A numpy grid: the forward specializes to the decomposed sites at trace time (no
     # per-layer branches); every decomposed site is live under every mask.
     live = site_grid(trainer.decomposition) >= 0

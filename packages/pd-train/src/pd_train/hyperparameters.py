@@ -70,6 +70,7 @@ def _group(kind: Kind, why: str, *paths: str, switch: Any = None) -> list[FieldC
 
 _LOSS = "pd.loss_metrics[type={}]"
 _IMP = _LOSS.format("importance_minimality")
+_SL0 = _LOSS.format("smooth_l0_importance_minimality")
 _PGD = _LOSS.format("pgd_recon")
 _PPGD = _LOSS.format("persistent_pgd_recon")
 _CT = "pd.ci[type=chunkwise_transformer]"
@@ -123,12 +124,14 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "draws per term: how many masked forwards the step runs",
             _LOSS.format("stochastic_recon") + ".n_samples",
             _LOSS.format("chunkwise_subset_recon") + ".n_samples",
+            _LOSS.format("static_probability_subset_recon") + ".n_samples",
             f"{_PGD}.n_samples",
         ),
         *_group(
             "structural",
             "the recon plan: which sites are live in each masked forward",
             _LOSS.format("chunkwise_subset_recon") + ".sites_per_chunk",
+            _LOSS.format("static_probability_subset_recon") + ".sites_per_chunk",
             f"{_PGD}.sites_per_chunk",
         ),
         *_group(
@@ -159,6 +162,30 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "pd.l0_groups",
         ),
         *_group("structural", "how sources are drawn", "pd.sampling"),
+        *_group(
+            "structural",
+            "a loss term's metric name (a key of the step's metrics)",
+            *(
+                _LOSS.format(t) + ".name"
+                for t in (
+                    "faithfulness",
+                    "importance_minimality",
+                    "smooth_l0_importance_minimality",
+                    "static_probability_subset_recon",
+                    "ci_masked_recon",
+                    "unmasked_recon",
+                    "stochastic_recon",
+                    "chunkwise_subset_recon",
+                    "pgd_recon",
+                    "persistent_pgd_recon",
+                )
+            ),
+        ),
+        *_group(
+            "structural",
+            "whether live sites carry the delta component (its term and channel)",
+            "pd.use_delta_component",
+        ),
         *_group(
             "structural",
             "how the recon forwards are structured (scan or unrolled loops, paired terms)",
@@ -202,8 +229,16 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "chunkwise_subset_recon",
                     "pgd_recon",
                     "persistent_pgd_recon",
+                    "static_probability_subset_recon",
+                    "ci_masked_recon",
+                    "unmasked_recon",
                 )
             ),
+        ),
+        *_group(
+            "value",
+            "the static-probability router's p",
+            _LOSS.format("static_probability_subset_recon") + ".p",
         ),
         *_group(
             "value",
@@ -220,6 +255,29 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "the frequency term's weight (0 leaves the term out)",
             f"{_IMP}.frequency_coeff",
             switch="zero",
+        ),
+        *_group(
+            "value",
+            "smooth-L0's weights, its gamma schedule, the frequency term's a and the EMA's"
+            " half-life",
+            f"{_SL0}.coeff",
+            f"{_SL0}.gamma_start",
+            f"{_SL0}.gamma_end",
+            f"{_SL0}.anneal_start_frac",
+            f"{_SL0}.anneal_end_frac",
+            f"{_SL0}.reference_token_count",
+        ),
+        *_group(
+            "value",
+            "smooth-L0's frequency weight (0 leaves the frequency part out)",
+            f"{_SL0}.frequency_coeff",
+            switch="zero",
+        ),
+        *_group(
+            "value",
+            "the frequency EMA's half-life in steps (null: no EMA, no EMA state)",
+            f"{_SL0}.ema_halflife_steps",
+            switch="null",
         ),
         *_group("value", "a PGD ascent's step size", f"{_PGD}.step_size", "pd.eval_pgd.step_size"),
         *_group(
@@ -257,6 +315,12 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group("value", "the faithfulness warmup's lr", "pd.faithfulness_warmup.lr"),
         *_group("value", "the eval's CI-L0 threshold", "pd.l0_threshold"),
+        *_group(
+            "value",
+            "the eval's rounded-mask threshold (null: the CI-L0 threshold)",
+            "pd.rounding_threshold",
+            switch="null",
+        ),
         *_group("value", "the run key and the data order (the key is an argument)", "seed"),
         # ---- outside the programs
         *_group("outside", "names and places", "run_name", "output_dir"),
@@ -331,7 +395,9 @@ FIELDS: tuple[FieldClass, ...] = tuple(
 
 #: Value fields that are still trace-time constants of some program: the eval programs bake
 #: in their L0 threshold and the fresh-PGD eval's step size (pd_train.evaluate).
-CONSTANT_VALUE_FIELDS = frozenset({"pd.l0_threshold", "pd.eval_pgd.step_size"})
+CONSTANT_VALUE_FIELDS = frozenset(
+    {"pd.l0_threshold", "pd.rounding_threshold", "pd.eval_pgd.step_size"}
+)
 
 _BY_PATH = {f.path: f for f in FIELDS}
 

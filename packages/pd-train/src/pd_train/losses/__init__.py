@@ -8,6 +8,9 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
   :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
+  :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
+  :mod:`~pd_train.losses.static_probability_subset_recon`,
+  :mod:`~pd_train.losses.ci_masked_recon`, :mod:`~pd_train.losses.unmasked_recon`,
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -28,6 +31,7 @@ from pd_train.losses._term import (
     register_loss_term,
 )
 from pd_train.losses.chunkwise_subset_recon import ChunkwiseSubsetReconTerm
+from pd_train.losses.ci_masked_recon import CIMaskedReconTerm
 from pd_train.losses.faithfulness import FaithfulnessTerm, faithfulness
 from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
@@ -49,10 +53,17 @@ from pd_train.losses.recon import (
     routing_masks,
     site_grid,
 )
+from pd_train.losses.smooth_l0 import (
+    SmoothL0ImportanceMinimality,
+    SmoothL0ImportanceMinimalityTerm,
+)
+from pd_train.losses.static_probability_subset_recon import StaticProbabilitySubsetReconTerm
 from pd_train.losses.stochastic_recon import StochasticReconTerm
+from pd_train.losses.unmasked_recon import UnmaskedReconTerm
 
 __all__ = [
     "LOSS_TERMS",
+    "CIMaskedReconTerm",
     "ChunkwiseSubsetReconTerm",
     "FaithfulnessTerm",
     "FreshPGD",
@@ -62,8 +73,12 @@ __all__ = [
     "PersistentPGD",
     "PersistentPGDReconTerm",
     "ReconPlan",
+    "SmoothL0ImportanceMinimality",
+    "SmoothL0ImportanceMinimalityTerm",
+    "StaticProbabilitySubsetReconTerm",
     "StochasticReconTerm",
     "TermInputs",
+    "UnmaskedReconTerm",
     "adam_ascent",
     "all_sites_plan",
     "annealed_pnorm",

@@ -13,7 +13,9 @@ know every term by name:
 
 Two optional hooks serve the adversarial terms: :meth:`LossTerm.adversary` (persistent state in
 ``TrainState.adversary``) and :meth:`LossTerm.pairs_with_sources` (a term that can share one
-masked forward with the persistent-PGD term).
+masked forward with the persistent-PGD term). A term with state across steps (an EMA) describes
+it with :meth:`LossTerm.state` and is evaluated by :meth:`LossTerm.stateful_value`; the state
+lives in ``TrainState.term_state``.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class LossTerm:
     """One loss-term type. Subclass it, set :attr:`config_cls` (an attrs class with a ``type``
     tag and a ``coeff``), override what applies, and register an instance with
     :func:`register_loss_term`. The step adds ``hp["coeff"] · value`` to the total and reports
-    ``loss/{type}``."""
+    ``loss/{name}`` (the entry's ``name``, default its ``type``)."""
 
     #: The term's config class (its ``type`` default is the registry key).
     config_cls: ClassVar[type]
@@ -126,6 +128,28 @@ class LossTerm:
         config may have one. ``where``: the term's field path, for errors."""
         del config, decomposition, batch_size, seq_len, total_steps, layout, where
         return None
+
+    # ------------------------------------------------------------- terms with state (optional)
+    def state(self, config: Any, decomposition: Decomposition) -> Any:
+        """The shapes (a pytree of ShapeDtypeStructs) of state the term carries across steps in
+        ``TrainState.term_state[str(index)]`` (zeros at step 0, replicated, checkpointed), or
+        None (the default). A term with state is evaluated by :meth:`stateful_value`."""
+        del config, decomposition
+        return None
+
+    def stateful_value(
+        self,
+        config: Any,
+        inputs: TermInputs,
+        state: Any,
+        *,
+        plan: ReconPlan | None,
+        hp: Hyperparams,
+        key: jax.Array,
+    ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+        """:meth:`value` with the term's state: (value, extra metrics, the new state)."""
+        value, extras = self.value(config, inputs, plan=plan, hp=hp, key=key)
+        return value, extras, state
 
     def pairs_with_sources(self, config: Any) -> bool:
         """Whether this term is a one-draw route-all recon with drawn sources that may run as one

@@ -83,12 +83,15 @@ class ReconPlan:
     ``routing="all"``: every position of a live site takes its component path (stochastic recon).
     ``routing="subset"``: per chunk, draw and position independently, k ~ U{1..n_live} and a
     uniformly random k-subset of the chunk's sites takes the component path (chunkwise subset
-    recon, as spd's ``sample_uniform_k_subset_routing_masks``).
+    recon, as spd's ``sample_uniform_k_subset_routing_masks``). ``routing="static_probability"``:
+    per chunk, draw, live site and position independently, the site takes its component path
+    with a fixed probability p (spd's ``StaticProbabilityRouter``; p is data, given to
+    :func:`recon_loss`).
     """
 
     chunks: tuple[tuple[int, ...], ...]
     n_sites: int
-    routing: Literal["all", "subset"]
+    routing: Literal["all", "subset", "static_probability"]
 
     @property
     def n_chunks(self) -> int:
@@ -111,13 +114,17 @@ class ReconPlan:
         return all(c == counts[0] for c in counts)
 
 
-def chunkwise_plan(decomposition: Decomposition, sites_per_chunk: int) -> ReconPlan:
+def chunkwise_plan(
+    decomposition: Decomposition,
+    sites_per_chunk: int,
+    routing: Literal["subset", "static_probability"] = "subset",
+) -> ReconPlan:
     """Sites in canonical order, cut into consecutive chunks of ``sites_per_chunk``."""
     n = len(decomposition.sites)
     chunks = tuple(
         tuple(range(i, min(i + sites_per_chunk, n))) for i in range(0, n, sites_per_chunk)
     )
-    return ReconPlan(chunks=chunks, n_sites=n, routing="subset")
+    return ReconPlan(chunks=chunks, n_sites=n, routing=routing)
 
 
 def all_sites_plan(decomposition: Decomposition) -> ReconPlan:
@@ -200,6 +207,7 @@ def recon_loss(
     remat: bool = False,
     pgd: Any = None,
     sources: Mapping[str, jax.Array] | None = None,
+    route_probability: jax.Array | float | None = None,
 ) -> jax.Array:
     """Mean over chunks × draws of KL(clean ‖ masked); fp32 scalar.
 
@@ -212,7 +220,11 @@ def recon_loss(
     (a :class:`pd_train.losses.pgd.FreshPGD`): per (chunk, draw) fresh sources ascended
     ``n_steps`` times on that forward's KL with this draw's routing fixed, then the loss of the
     final sources (no gradient). The pairs are summed by :func:`_sum_over_draws`.
+    ``route_probability``: p of a ``static_probability`` plan.
     """
+    if plan.routing == "static_probability" and route_probability is None:
+        msg = "recon_loss: a static_probability plan needs route_probability"
+        raise ValueError(msg)
     grid = site_grid(spec.decomposition)
     has_site, grid_idx = grid >= 0, np.maximum(grid, 0)
     chunk_ids = np.repeat(np.arange(plan.n_chunks, dtype=np.int32), n_samples)
@@ -239,6 +251,8 @@ def recon_loss(
         routed = None
         if plan.routing == "subset":
             routed = _subset_routing(site_mask, live_count, batch_shape, grid, draw_key)
+        elif plan.routing == "static_probability":
+            routed = _static_routing(site_mask, route_probability, batch_shape, grid, draw_key)
         source_key = jax.random.fold_in(draw_key, 0)
 
         def forward_kl(comps: Any, ci: Any, given: Mapping[str, jax.Array] | None) -> jax.Array:
@@ -295,6 +309,17 @@ def _subset_routing(
     per_site = routing_masks(
         jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(key, 1)
     )  # [B, T, S]
+    return jnp.moveaxis(per_site[..., np.maximum(grid, 0)] & has_site, (-2, -1), (0, 1))
+
+
+def _static_routing(
+    site_mask: Any, p: Any, batch_shape: tuple[int, ...], grid: np.ndarray, key: Any
+) -> jax.Array:
+    """Each live site at each position routed with probability p (u < p, u ~ U[0, 1) per site
+    and position from ``key`` folded with 1), on the site grid: [L, K, B, T] bool."""
+    has_site = grid >= 0
+    u = jax.random.uniform(jax.random.fold_in(key, 1), (*batch_shape, len(site_mask)))
+    per_site = (u < p) & jnp.asarray(site_mask)  # [B, T, S]
     return jnp.moveaxis(per_site[..., np.maximum(grid, 0)] & has_site, (-2, -1), (0, 1))
 
 
@@ -462,6 +487,7 @@ def recon_term_value(
     key: jax.Array,
     pgd: Any = None,
     sources: Mapping[str, jax.Array] | None = None,
+    route_probability: jax.Array | float | None = None,
 ) -> jax.Array:
     """:func:`recon_loss` of a term over the step's :class:`TermInputs` (masks from the CI and
     drawn sources, or ``pgd``'s, or the given ``sources``)."""
@@ -481,4 +507,5 @@ def recon_term_value(
         remat=inputs.remat,
         pgd=pgd,
         sources=sources,
+        route_probability=route_probability,
     )

@@ -57,6 +57,8 @@ def training_item(state: Any, run_key_data: Any) -> dict[str, Any]:
     item = {"step": state.step, "opt_state": state.opt_state, "run_key": run_key_data}
     if state.adversary:
         item["adversary"] = state.adversary
+    if getattr(state, "term_state", None):
+        item["term_state"] = state.term_state
     return item
 
 
@@ -383,6 +385,7 @@ def restore_checked(
         params=params["params"],
         opt_state=training["opt_state"],
         adversary=training.get("adversary", {}),
+        term_state=training.get("term_state", {}),
     )
     run_key = jax.random.wrap_key_data(training["run_key"])
     return Restored(step=step, state=state, run_key=run_key, config_yaml=point.config_yaml)

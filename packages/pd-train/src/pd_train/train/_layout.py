@@ -35,6 +35,7 @@ class TrainerState:
     ci_fn: Any
     tx: dict[str, optax.GradientTransformation]
     ppgd: PersistentPGD | None
+    term_state_specs: dict[str, Any]
     _init_plan: pd_init.InitPlan | None
     _init_stack_jit: Any
     _opt_init_jit: Any
@@ -229,6 +230,7 @@ class TrainerState:
             params=self.param_shardings(abstract),
             opt_state=self.opt_state_shardings(abstract),
             adversary=self.ppgd.shardings() if self.ppgd is not None else {},
+            term_state=jax.tree.map(lambda _: self.layout.replicated(), self.term_state_specs),
         )
 
     def init_state(self, *, key: jax.Array) -> TrainState:
@@ -252,7 +254,16 @@ class TrainerState:
                 "sources": sources,
                 "opt_state": self._run("init_sources_opt", init_opt, sources),
             }
-        return TrainState(step=step, params=params, opt_state=opt_state, adversary=adversary)
+        term_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.term_state_specs)
+        if self.layout is not None:
+            term_state = jax.device_put(term_state, self.layout.replicated())
+        return TrainState(
+            step=step,
+            params=params,
+            opt_state=opt_state,
+            adversary=adversary,
+            term_state=term_state,
+        )
 
     def _opt_init_fn(self) -> Any:
         if self._opt_init_jit is None:
@@ -276,6 +287,7 @@ class TrainerState:
             params=params,
             opt_state=opt,
             adversary=adversary,
+            term_state=dict(self.term_state_specs),
         )
         if shardings is None:
             return state

@@ -32,12 +32,15 @@ class TrainState:
     """Everything the step updates (donated to it). ``step``: int32 []; ``params`` and
     ``opt_state``: ``{"components": ..., "ci_fn": ...}``; ``adversary``: with a
     ``persistent_pgd_recon`` term ``{"sources": {kind: [n_k, B | 1, T, C + 1]}, "opt_state":
-    {"count": int32 [], "m"/"v" (adam): like sources}}``, else ``{}``."""
+    {"count": int32 [], "m"/"v" (adam): like sources}}``, else ``{}``; ``term_state``: per loss
+    term with state (:meth:`pd_train.losses.LossTerm.state`), ``{str(index in pd.loss_metrics):
+    its state}`` (e.g. a smooth-L0 term's frequency EMA ``{kind: [n_k, C]}``), else ``{}``."""
 
     step: Any
     params: dict[str, Any]
     opt_state: dict[str, Any]
     adversary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    term_state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def group_name(path: Any) -> str:

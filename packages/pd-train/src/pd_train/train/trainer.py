@@ -140,6 +140,12 @@ class Trainer(TrainerState, TrainerWarmup):
             plan = term.plan(config, self.decomposition)
             if plan is not None:
                 self.plans[i] = plan
+        #: Per term with state across steps, ``{str(index): its state's ShapeDtypeStructs}``.
+        self.term_state_specs: dict[str, Any] = {}
+        for i, (config, term) in enumerate(self.terms):
+            spec = term.state(config, self.decomposition)
+            if spec is not None:
+                self.term_state_specs[str(i)] = spec
         self.seq_len = seq_len
         self._hp_arrays: dict[str, Any] | None = None
         self.ppgd, self.ppgd_index = self._persistent_pgd(seq_len)
@@ -149,6 +155,7 @@ class Trainer(TrainerState, TrainerWarmup):
             decomposition=self.decomposition,
             compute_dtype=self.compute_dtype,
             sampling=pd.sampling,
+            use_delta=pd.use_delta_component,
             layer_unroll=pd.recon.layer_loop == "unroll",
             remat_layers=self.runtime.remat.recon or self.runtime.remat.recon_layers,
             constrain=constrain,
@@ -247,6 +254,7 @@ class Trainer(TrainerState, TrainerWarmup):
         adversary: Mapping[str, Any] | None = None,
         source_offset: Mapping[str, jax.Array] | None = None,
         hp: Mapping[str, Any] | None = None,
+        term_state: Mapping[str, Any] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, ...}`` (plus each
         term's extra metrics, e.g. ``"pnorm"``).
@@ -257,6 +265,9 @@ class Trainer(TrainerState, TrainerWarmup):
         ``source_offset`` (zeros of the sources' shapes: its gradient is the sources'
         gradient); aux gets ``"adversary"``, the warmed sources and optimizer state. ``hp``:
         :meth:`hyperparams`' tree (arrays, or None for the config's values as constants).
+        ``term_state``: ``TrainState.term_state`` (None: terms with state run without it, e.g.
+        the frequency EMA falls back to this batch's frequencies); aux gets ``"term_state"``,
+        the new state of each term that has one.
         """
         hp = self.hyperparams() if hp is None else hp
         comps = jax.tree_util.tree_map(lambda a: a.astype(self.compute_dtype), params["components"])
@@ -270,7 +281,7 @@ class Trainer(TrainerState, TrainerWarmup):
             chunk_unroll=self.pd.recon.chunk_loop == "unroll",
             remat=self.runtime.remat.recon,
         )
-        aux: dict[str, Any] = {"terms": {}}
+        aux: dict[str, Any] = {"terms": {}, "term_state": {}}
         if self.needs_ci:
             inputs, aux["l0"] = self._clean_and_ci(inputs, hp["l0_threshold"])
         if self.ppgd is not None:
@@ -283,6 +294,15 @@ class Trainer(TrainerState, TrainerWarmup):
                 extra: dict[str, jax.Array] = {}
                 if i in paired:
                     value = paired[i]
+                elif term_state and str(i) in term_state:
+                    value, extra, aux["term_state"][str(i)] = term.stateful_value(
+                        config,
+                        inputs,
+                        term_state[str(i)],
+                        plan=self.plans.get(i),
+                        hp=term_hp,
+                        key=jax.random.fold_in(key, i),
+                    )
                 else:
                     value, extra = term.value(
                         config,
@@ -291,7 +311,7 @@ class Trainer(TrainerState, TrainerWarmup):
                         hp=term_hp,
                         key=jax.random.fold_in(key, i),
                     )
-            aux["terms"][config.type] = value
+            aux["terms"][getattr(config, "name", None) or config.type] = value
             aux.update(extra)
             total = total + term_hp["coeff"] * value
         return total, aux
@@ -422,7 +442,7 @@ class Trainer(TrainerState, TrainerWarmup):
         metrics: dict[str, Any] = {}
         if self.ppgd is None:
             (total, aux), grads = jax.value_and_grad(self.loss, has_aux=True)(
-                state.params, target, tokens, state.step, key, None, None, hp
+                state.params, target, tokens, state.step, key, None, None, hp, state.term_state
             )
         else:
             # One backward: the zero offset's gradient is the warmed sources' gradient, which
@@ -431,16 +451,30 @@ class Trainer(TrainerState, TrainerWarmup):
             offset = jax.tree_util.tree_map(jnp.zeros_like, state.adversary["sources"])
             (total, aux), (grads, source_grads) = jax.value_and_grad(
                 self.loss, argnums=(0, 6), has_aux=True
-            )(state.params, target, tokens, state.step, key, state.adversary, offset, hp)
+            )(
+                state.params,
+                target,
+                tokens,
+                state.step,
+                key,
+                state.adversary,
+                offset,
+                hp,
+                state.term_state,
+            )
             adversary, metrics["lr/ppgd"] = self._final_ascent(aux, source_grads, state.step, hp)
         metrics.update({f"loss/{k}": v for k, v in aux["terms"].items()})
         metrics["loss/total"] = total
         params, opt_state = self._apply_updates(state, grads, hp, metrics)
-        extras = [name for name in aux if name not in ("terms", "adversary", "l0")]
+        extras = [name for name in aux if name not in ("terms", "adversary", "l0", "term_state")]
         for name in [*extras, "l0"] if "l0" in aux else extras:
             metrics[name] = aux[name]
         new = TrainState(
-            step=state.step + 1, params=params, opt_state=opt_state, adversary=adversary
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            adversary=adversary,
+            term_state=aux["term_state"],
         )
         return new, metrics
 
@@ -505,7 +539,7 @@ class Trainer(TrainerState, TrainerWarmup):
         """One step (jitted; ``state`` is donated): returns the new state and the metrics.
 
         tokens [B, T] int32 (batch-sharded with a mesh); key: :func:`step_key` of the step.
-        Metrics: ``loss/{type}`` per loss term, ``loss/total``, ``grad_norm/{group}``,
+        Metrics: ``loss/{name}`` per loss term (its ``name``, default its ``type``), ``loss/total``, ``grad_norm/{group}``,
         ``lr/{group}``, ``pnorm`` (with importance minimality), ``l0`` ({kind: [n_k]}; see
         :meth:`metrics_to_host` for per-site names).
         """

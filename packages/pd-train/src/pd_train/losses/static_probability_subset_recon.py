@@ -1,0 +1,48 @@
+"""``static_probability_subset_recon``: per draw, each live site at each position takes its
+component path with a fixed probability p (spd's ``StaticProbabilityRouter``), the rest frozen;
+over every site in one forward, or chunks of ``sites_per_chunk``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from pd_train.config import PDConfig, StaticProbabilitySubsetRecon
+from pd_train.decomposition import Decomposition
+from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
+from pd_train.losses.recon import ReconPlan, chunkwise_plan, recon_term_value
+
+__all__ = ["StaticProbabilitySubsetReconTerm"]
+
+
+class StaticProbabilitySubsetReconTerm(LossTerm):
+    """Values: coeff, p. Structural: ``sites_per_chunk``, ``n_samples``."""
+
+    config_cls = StaticProbabilitySubsetRecon
+
+    def plan(self, config: Any, decomposition: Decomposition) -> ReconPlan:
+        n = config.sites_per_chunk or len(decomposition.sites)
+        return chunkwise_plan(decomposition, n, routing="static_probability")
+
+    def hyperparams(self, config: Any, pd: PDConfig) -> dict[str, float | int]:
+        del pd
+        return {"coeff": float(config.coeff), "p": float(config.p)}
+
+    def value(
+        self,
+        config: Any,
+        inputs: TermInputs,
+        *,
+        plan: ReconPlan | None,
+        hp: Hyperparams,
+        key: jax.Array,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        assert plan is not None
+        value = recon_term_value(
+            inputs, plan, n_samples=config.n_samples, key=key, route_probability=hp["p"]
+        )
+        return value, {}
+
+
+register_loss_term(StaticProbabilitySubsetReconTerm())
