@@ -154,7 +154,7 @@ def separates_every_feature(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1
 def pure_step(trainer: Trainer) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """The Trainer's pure (unjitted) step ``(state, target, batch, key) -> (state, metrics)``
     that the K-step programs compose."""
-    return trainer._step
+    return trainer.step
 
 
 @attrs.frozen(kw_only=True)
@@ -414,7 +414,7 @@ def _recipe(
     components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units), importance
     minimality at p = ``pnorm``, stochastic and layerwise (one site per chunk) recon at 1,
     faithfulness at ``faithfulness`` (None: not a loss term), and the reference's 200-step
-    faithfulness warmup at lr 0.01."""
+    faithfulness warmup at lr 0.01 with weight decay 0.1."""
     opt = OptimizerConfig(lr=lr, final_val_frac=final_lr_frac)
     terms: list[Any] = [] if faithfulness is None else [Faithfulness(coeff=faithfulness)]
     terms += [
@@ -430,7 +430,7 @@ def _recipe(
         loss_metrics=tuple(terms),
         components=opt,
         ci_fn=opt,
-        faithfulness_warmup=FaithfulnessWarmup(steps=warmup_steps, lr=1e-2),
+        faithfulness_warmup=FaithfulnessWarmup(steps=warmup_steps, lr=1e-2, weight_decay=0.1),
     )
 
 
@@ -475,10 +475,6 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         dense={"layers.0.hidden_0": h} if hidden else {},
         steps_per_call=100,
         paper=paper,
-        deviation=(
-            "components of linear1 and linear2 decomposed separately (the reference ties them: "
-            "U2 = V1ᵀ, V2 = U1ᵀ); the faithfulness warmup has no weight decay (reference 0.1)"
-        ),
     )
 
 
@@ -509,7 +505,6 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
         identity=("layers.*.mlp_in",),
         dense={"layers.*.mlp_out": d_mlp},
         steps_per_call=50,
-        deviation="the faithfulness warmup has no weight decay (reference 0.1)",
     )
 
 
@@ -521,7 +516,7 @@ def _fast(toy: ToyConfig, deviation: str, **pd: Any) -> ToyConfig:
         name=f"{toy.name}_fast",
         pd=attrs.evolve(toy.pd, **pd),
         steps_per_call=k,
-        deviation=f"{deviation}; {toy.deviation}",
+        deviation="; ".join(d for d in (deviation, toy.deviation) if d),
     )
 
 
