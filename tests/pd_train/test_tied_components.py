@@ -40,13 +40,17 @@ def test_tie_components_transposes_the_source_into_the_tied_kind() -> None:
     # Component c of linear2 is V2[:, c] ⊗ U2[c] = U1[c] ⊗ V1[:, c]: its matrix is the transpose.
     for c in range(3):
         m1 = np.outer(v1[0][:, c], u1[0][c])
-        m2 = np.outer(np.asarray(out["linear2"]["V"])[0][:, c], np.asarray(out["linear2"]["U"])[0][c])
+        m2 = np.outer(
+            np.asarray(out["linear2"]["V"])[0][:, c], np.asarray(out["linear2"]["U"])[0][c]
+        )
         np.testing.assert_array_equal(m2, m1.T)
     assert tie_components(comps, ()) == comps
 
 
 def test_a_tied_tms_stays_tied_through_init_warmup_and_steps() -> None:
-    pd = attrs.evolve(PD, faithfulness_warmup=FaithfulnessWarmup(steps=3, lr=1e-2, weight_decay=0.1))
+    pd = attrs.evolve(
+        PD, faithfulness_warmup=FaithfulnessWarmup(steps=3, lr=1e-2, weight_decay=0.1)
+    )
     trainer = Trainer(TARGET, pd)
     assert trainer.ties == (("linear1", "linear2"),)
     state = trainer.init_state(key=jax.random.key(0))
@@ -55,7 +59,9 @@ def test_a_tied_tms_stays_tied_through_init_warmup_and_steps() -> None:
     before = jax.device_get(state.params["components"])
     state, _ = trainer.faithfulness_warmup(state, target)
     _assert_tied(state.params["components"])
-    x = sparse_features(key=jax.random.key(1), batch_size=32, n_features=5, feature_probability=0.05)
+    x = sparse_features(
+        key=jax.random.key(1), batch_size=32, n_features=5, feature_probability=0.05
+    )
     for i in range(3):
         state, _ = trainer.train_step(state, target, x, jax.random.key(i))
         _assert_tied(state.params["components"])

@@ -17,11 +17,11 @@ import pd_sharding
 from pd_train.config import (
     PDConfig,
 )
-from pd_train.targets.tied import tie_components
 from pd_train.decomposition import Decomposition
 from pd_train.losses import (
     faithfulness,
 )
+from pd_train.targets.tied import tie_components
 from pd_train.train.state import TrainState
 
 
