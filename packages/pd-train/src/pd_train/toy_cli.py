@@ -331,6 +331,7 @@ def run_toy_cli(
     gt = {k: v for k, v in result.items() if k.startswith("gt/")}
     if not raw["eval_every"] or done % raw["eval_every"]:
         on_eval(done, gt)
+    log.close()
     elapsed = result["time_s"]
     summary = {
         "toy": name,
