@@ -180,12 +180,13 @@ def test_simulate_devices_must_be_at_least_one(
 def test_resume_of_a_toy_run_advises_a_command_that_is_accepted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A toy run keeps no checkpoint: `--resume` of its dir used to advise `pd-train run
-    DIR/config.yaml --run-dir DIR`, which is then refused (toy runs are not resumed)."""
+    """A toy run dir without a checkpoint (an interrupted start): `--resume` of it used to
+    advise `pd-train run DIR/config.yaml --run-dir DIR`, which is then refused (the dir is not
+    empty)."""
     from pd_train.toy_cli import load_toy_config
 
     # The toy run dir as the toy runner leaves it after an interrupted start (its config.yaml
-    # written by the same function; no checkpoint: toy runs keep none).
+    # written by the same function; no checkpoint yet).
     run_dir = tmp_path / "toy"
     run_dir.mkdir()
     raw = load_toy_config("builtin:tms_5_2", ["pd.steps=4", "pd.batch_size=16"])
@@ -193,7 +194,7 @@ def test_resume_of_a_toy_run_advises_a_command_that_is_accepted(
     (run_dir / "metrics.jsonl").write_text("")
     assert main(["run", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err
-    assert f"{run_dir} is a toy run, and toy runs keep no checkpoint and are not resumed" in err
+    assert f"{run_dir} is a toy run without a checkpoint" in err
     advised = f"pd-train run {run_dir / 'config.yaml'} --run-dir NEW_DIR"
     assert advised in err, err
     # The advice, followed, is accepted.

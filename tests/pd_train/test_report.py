@@ -183,7 +183,7 @@ def test_report_of_a_run_dir_with_nothing_to_show_warns_and_says_what_to_do(
         f"pd-train: warning: {run_dir} holds no metrics, summary or checkpoint yet"
     )
     assert f"`pd-train run {run_dir / 'config.yaml'} --run-dir {run_dir}`" in captured.err
-    # A toy run dir is never resumed: the advice is a new dir.
+    # A toy run dir without a checkpoint: the advice is a new dir.
     (run_dir / "config.yaml").write_text("toy: tms_5_2\n")
     assert main(["report", str(run_dir)]) == 0
     err = capsys.readouterr().err

@@ -22,10 +22,12 @@ def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
     code = main([*argv, *recipe])
     assert code == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 2, 2]  # loss records every 2 steps + the last
-    assert all("loss/total" in r for r in records[:2])
+    train = [r for r in records if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [0, 2]  # loss records every 2 steps + the last
+    assert all("loss/total" in r for r in train)
+    assert [r["step"] for r in records if r["phase"] == "warmup"] == [0, 1]
     final = records[-1]
-    assert final["eval"] is True
+    assert final["phase"] == "eval" and final["step"] == 2
     for site in ("layers.0.linear1", "layers.0.linear2"):
         assert 0 <= final[f"gt/alive/{site}"] <= 12
         assert final[f"gt/identity_ci_error/{site}"] >= 0.0  # the reference's count

@@ -1,8 +1,10 @@
 """The reference's criteria for TMS 5-2's ``*_fast`` recipe on two seeds: IdentityCIError 0 in
 linear1 and linear2 (every feature's own component ≥ 0.9 on its one-hot input, every other ≤
-0.1) and MMCS ≥ 0.99 (paper Table 1). Not reached yet (strict xfail, see docs/toys.md): with
-linear1 and linear2 decomposed as separate sites (the reference ties them) one of the two
-collapses per seed. And the shipped weights are the appendix's pretraining, reproducible."""
+0.1), every feature's component alive, and MMCS ≥ 0.99 (paper Table 1), with linear2's
+components tied to linear1's as the reference does (U2 = V1ᵀ, V2 = U1ᵀ). ML2R is reported, not
+a criterion (the reference's MMCS argmax runs over all components, dead ones included: seed 1
+measured 0.80, one feature's best-aligned direction a dead component's). And the shipped weights
+are the appendix's pretraining, reproducible."""
 
 from __future__ import annotations
 
@@ -23,12 +25,6 @@ def _shown(ci: dict[str, np.ndarray]) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="measured: seed 0 linear2 collapses to 2 dense components (IdentityCIError 9), "
-    "seed 1 linear1 writes one feature with two components (2); needs tied components",
-)
 @pytest.mark.parametrize("name", ["tms_5_2_fast"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tms_fast_recipes_reach_the_reference_criteria(
@@ -41,7 +37,6 @@ def test_tms_fast_recipes_reach_the_reference_criteria(
         assert metrics[f"gt/identity_ci_error/{site}"] == 0, _shown(ci)
         assert metrics[f"gt/alive/{site}"] == n, _shown(ci)
     assert metrics["gt/mmcs"] >= 0.99, metrics
-    assert 0.9 <= metrics["gt/ml2r"] <= 1.1, metrics
     assert metrics["reproduced"] == 1.0
     if plots is not None:
         for png in ("permuted_ci", "uv", "directions"):

@@ -90,6 +90,7 @@ def test_a_k_that_breaks_a_cadence_is_refused_by_field(trainer: Trainer) -> None
         (["steps_per_call=0"], "steps_per_call"),
         (["steps_per_call=10", "eval_every=15"], "eval_every"),
         (["eval_every=-1"], "eval_every"),
+        (["steps_per_call=10", "save_every=15"], "save_every"),
         (["target.n_hidden_layers=1"], "target.n_hidden_layers"),
     ):
         with pytest.raises(ConfigError, match=field):

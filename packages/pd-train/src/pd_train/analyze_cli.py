@@ -175,6 +175,18 @@ def analyze(args: argparse.Namespace) -> int:
     args.run_dir = _run_dir(args.run_dir)
     if args.run_dir is None:
         return 2
+    from pd_train.toy_cli import is_toy_run_dir
+
+    if is_toy_run_dir(args.run_dir):  # the ground-truth metrics and plots at a checkpoint
+        from pd_train._config_io import ConfigError
+        from pd_train.toy_cli import analyze_toy
+
+        try:
+            _, text = analyze_toy(args.run_dir, checkpoint=args.checkpoint)
+        except ConfigError as exc:
+            return _fail(str(exc))
+        print(text)
+        return 0
     problem = _analysis_out_problem(args.run_dir, args.out)
     if problem is not None:
         return _fail(problem)

@@ -287,12 +287,12 @@ def is_toy_config(value: str) -> bool:
 def restart_hint(run_dir: Path) -> str:
     """How to (re)start the run in ``run_dir`` that has no checkpoint, as a command that is
     then accepted: the same dir for a decomposition run (``--run-dir`` with the same config
-    starts at step 0); a new dir for a toy run, which keeps no checkpoint and is never resumed."""
+    starts at step 0); a new dir for a toy run without a checkpoint."""
     config = run_dir / "config.yaml"
     if is_toy_config(str(config)):
         return (
-            f"{run_dir} is a toy run, and toy runs keep no checkpoint and are not resumed: run "
-            f"it again into a new dir with `pd-train run {config} --run-dir NEW_DIR`"
+            f"{run_dir} is a toy run without a checkpoint: run it again into a new dir with "
+            f"`pd-train run {config} --run-dir NEW_DIR`"
         )
     return f"start the run with `pd-train run {config} --run-dir {run_dir}`"
 
@@ -341,6 +341,16 @@ def _run(args: argparse.Namespace) -> int:
         source: str | Path = resume / runner.CONFIG_FILE
         if not Path(source).is_file():
             return _fail(f"--resume {resume}: no {runner.CONFIG_FILE} there; not a run dir")
+        if is_toy_config(str(source)):  # a toy run dir: the toy runner resumes it
+            from pd_train import toy_cli
+
+            if not (resume / "checkpoints").is_dir():
+                return _fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
+            _, summary = toy_cli.run_toy_cli(
+                str(source), run_dir=resume, max_steps=args.max_steps, resume=True
+            )
+            print(summary, end="")
+            return 0
         if not runner.checkpoint_steps(resume):
             return _fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
     else:

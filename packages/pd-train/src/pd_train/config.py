@@ -469,10 +469,12 @@ class OptimizerConfig:
 
 @attrs.frozen(kw_only=True)
 class FaithfulnessWarmup:
-    """Before step 0: ``steps`` Adam steps on faithfulness alone at a constant ``lr``."""
+    """Before step 0: ``steps`` AdamW steps on faithfulness alone at a constant ``lr`` with
+    decoupled ``weight_decay`` (0: Adam; the reference's toy recipes use 0.1)."""
 
     steps: int = attrs.field(default=0, validator=non_negative())
     lr: float = attrs.field(default=1e-3, validator=positive())
+    weight_decay: float = attrs.field(default=0.0, validator=non_negative())
 
 
 @attrs.frozen(kw_only=True)

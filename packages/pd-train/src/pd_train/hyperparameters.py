@@ -314,6 +314,9 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             switch="zero",
         ),
         *_group("value", "the faithfulness warmup's lr", "pd.faithfulness_warmup.lr"),
+        *_group(
+            "value", "the faithfulness warmup's weight decay", "pd.faithfulness_warmup.weight_decay"
+        ),
         *_group("value", "the eval's CI-L0 threshold", "pd.l0_threshold"),
         *_group(
             "value",

@@ -10,6 +10,7 @@ again)::
     steps_per_call: 100     # K: steps per dispatched program (a lax.scan over K steps)
     log_every: 2000         # steps between loss records in metrics.jsonl (a multiple of K)
     eval_every: 0           # steps between ground-truth eval records (0: at the end only)
+    save_every: 0           # steps between checkpoints (0: at the end, and at a stop, only)
 
 ``target`` describes the shipped weights and must agree with them (it is checked, not applied).
 ``pd`` is the toy's recipe (:class:`~pd_train.config.PDConfig`, the same fields as a Llama run's
@@ -17,10 +18,11 @@ again)::
 pd.decomposition_targets[0].C=40``, ``pd.loss_metrics[0].coeff=1e-3``, ``pd.components.lr``),
 and bad fields are named by their path. ``pd-train run`` delegates here when its config
 is ``builtin:<toy>`` or a YAML file with a top-level ``toy`` key; the decomposition runs through
-:func:`pd_train.targets.toys.decompose` (the same Trainer and step as a Llama run), not through
-:mod:`pd_train.run`'s token-data loop. The run dir gets ``config.yaml``, ``metrics.jsonl`` (loss
-records, then one ``eval`` record with the ground-truth metrics), ``summary.txt``/
-``summary.json`` and the PNG plots under ``plots/``.
+:func:`pd_train.targets.toys.decompose` (the same Trainer and step as a Llama run) in
+:func:`pd_train.run.run_loop` with a K-step step function and hooks. The run dir gets
+``config.yaml``, ``metrics.jsonl`` (``warmup`` and ``train`` records, then ``eval`` records with
+the ground-truth metrics), orbax checkpoints under ``checkpoints/`` (``pd-train run --resume
+DIR`` continues one), ``summary.txt``/``summary.json`` and the PNG plots under ``plots/``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,16 @@ __all__ = [
     "toy_pd_config",
 ]
 
-_TOP_KEYS = ("toy", "seed", "target", "pd", "steps_per_call", "log_every", "eval_every")
+_TOP_KEYS = (
+    "toy",
+    "seed",
+    "target",
+    "pd",
+    "steps_per_call",
+    "log_every",
+    "eval_every",
+    "save_every",
+)
 _TARGET_TYPES = ("tms", "resid_mlp")
 
 
@@ -83,6 +94,7 @@ def _defaults(name: str) -> dict[str, Any]:
         "steps_per_call": k,
         "log_every": max(k, toy.pd.steps // 20 // k * k),
         "eval_every": 0,
+        "save_every": 0,
     }
 
 
@@ -148,12 +160,13 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     for key in ("steps_per_call", "log_every"):
         if not _positive(raw[key]):
             problems.append((key, f"got {raw[key]!r}; must be an int >= 1"))
-    every = raw["eval_every"]
-    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
-        problems.append(("eval_every", f"got {every!r}; must be an int >= 0"))
-    elif _positive(raw["steps_per_call"]):
+    for key in ("eval_every", "save_every"):
+        every = raw[key]
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            problems.append((key, f"got {every!r}; must be an int >= 0"))
+    if _positive(raw["steps_per_call"]):
         k = raw["steps_per_call"]
-        for key in ("log_every", "eval_every"):
+        for key in ("log_every", "eval_every", "save_every"):
             if _positive(raw[key]) and raw[key] % k:
                 msg = f"got {raw[key]}; must be a multiple of steps_per_call ({k})"
                 problems.append((key, msg))
@@ -211,61 +224,119 @@ def _new_run_dir(name: str) -> Path:
     return run_dir
 
 
+def _progress(text: str) -> None:
+    import sys
+
+    print(text, file=sys.stderr, flush=True)
+
+
 def run_toy_cli(
     value: str,
     overrides: Sequence[str] = (),
     *,
     run_dir: Path | None = None,
     max_steps: int | None = None,
+    resume: bool = False,
 ) -> tuple[Path, str]:
-    """Decompose a toy into ``run_dir`` (refused if it already holds files); returns the run dir
-    and the summary text."""
+    """Decompose a toy into ``run_dir`` (refused if it already holds files, unless ``resume``:
+    then ``value`` is the run dir's ``config.yaml`` and the run continues from its latest
+    checkpoint, bit-exact at the same K); returns the run dir and the summary text.
+
+    The steps run in :func:`pd_train.run.run_loop` with the toy's K-step step function; its
+    hooks log ``train`` records (and ``warmup`` ones) to ``metrics.jsonl``, print progress to
+    stderr from the first step on, save orbax checkpoints under ``checkpoints/`` (every
+    ``save_every`` steps and at the end) and stop cleanly on SIGTERM / Ctrl-C (checkpoint
+    saved; ``--resume`` continues)."""
     import numpy as np
     import yaml
 
     from pd_train._config_io import ConfigError
+    from pd_train.checkpoints import Checkpoints
+    from pd_train.distributed import Placement
+    from pd_train.outputs import MetricsLog
+    from pd_train.run._hooks import StopHook
+    from pd_train.run._signals import StopSignals
     from pd_train.targets.toys import run_toy
 
     raw = load_toy_config(value, overrides)
     name = raw["toy"]
     pd = toy_pd_config(raw)
     run_dir = run_dir or _new_run_dir(name)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    if resume:
+        if not (run_dir / "checkpoints").is_dir():
+            raise ConfigError([("--resume", f"{run_dir} has no checkpoints to resume from")])
+    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ConfigError(
-            [("--run-dir", f"{run_dir} exists and is not empty; toy runs are not resumed")]
+            [("--run-dir", f"{run_dir} exists and is not empty; resume it with --resume {run_dir}")]
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    if not resume:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
-    with (run_dir / "metrics.jsonl").open("w") as log:
+    checkpoints = Checkpoints(run_dir / "checkpoints")
+    start = checkpoints.latest_step() if resume else None
+    log = MetricsLog(run_dir, is_primary=True)
+    if start is not None:
+        log.truncate_from(start)
+    k = raw["steps_per_call"]
+    begun = time.perf_counter()
+    where = f"from step {start}" if start else "from step 0"
+    _progress(
+        f"{name}: {n_steps} steps {where} at batch {pd.batch_size}, K = {k} steps per call "
+        f"(the first call compiles the {k}-step program); run dir {run_dir}"
+    )
 
-        def on_step(i: int, metrics: dict[str, Any]) -> None:
-            log.write(json.dumps({"step": i, **_flat(metrics)}) + "\n")
-            log.flush()
+    def on_warmup(i: int, value: float) -> None:
+        log.log(i, "warmup", {"loss/faithfulness": value})
+        if i == 0 or i + 1 == pd.faithfulness_warmup.steps:
+            _progress(f"  warmup {i + 1}/{pd.faithfulness_warmup.steps}: faithfulness {value:.3g}")
 
-        def on_eval(n: int, gt: dict[str, float]) -> None:
-            log.write(json.dumps({"step": n - 1, "eval": True, **gt}) + "\n")
-            log.flush()
+    def on_step(i: int, metrics: dict[str, Any]) -> None:
+        flat = _flat(metrics)
+        log.log(i, "train", flat)
+        total = flat.get("loss/total", float("nan"))
+        _progress(
+            f"  step {i + 1}/{n_steps}: loss {total:.4g} ({time.perf_counter() - begun:.1f} s)"
+        )
 
+    def on_eval(n: int, gt: dict[str, float]) -> None:
+        log.log(n - 1, "eval", gt)
+        _progress(
+            f"  eval at step {n}: IdentityCIError {gt.get('gt/identity_ci_error', 0):.0f}"
+            + (f", MMCS {gt['gt/mmcs']:.3f}" if "gt/mmcs" in gt else "")
+        )
+
+    signals = StopSignals()
+    stop = StopHook(signals, Placement())
+    with signals:
         result, ci, _ = run_toy(
             name,
             seed=raw["seed"],
             pd=pd,
             on_step=on_step,
             max_steps=n_steps,
-            steps_per_call=raw["steps_per_call"],
+            steps_per_call=k,
             log_every=raw["log_every"],
             eval_every=raw["eval_every"],
             on_eval=on_eval,
             plots=run_dir / "plots",
+            checkpoints=checkpoints,
+            checkpoint_every=raw["save_every"],
+            resume=resume,
+            hooks=(stop,),
+            on_warmup=on_warmup,
         )
-        gt = {k: v for k, v in result.items() if k.startswith("gt/")}
-        if not raw["eval_every"] or n_steps % raw["eval_every"]:
-            on_eval(n_steps, gt)
+    checkpoints.close()
+    done = int(result["steps"])
+    gt = {k: v for k, v in result.items() if k.startswith("gt/")}
+    if not raw["eval_every"] or done % raw["eval_every"]:
+        on_eval(done, gt)
+    log.close()
     elapsed = result["time_s"]
     summary = {
         "toy": name,
-        "steps": n_steps,
+        "steps": done,
+        "stopped": stop.stopped,
         "time_s": elapsed,
         "steps_per_s": result["steps_per_s"],
         "samples_per_s": result["samples_per_s"],
@@ -274,25 +345,32 @@ def run_toy_cli(
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = [
-        f"{name}: {n_steps} steps in {elapsed:.1f} s ({result['steps_per_s']:.1f} steps/s, "
-        f"K = {raw['steps_per_call']})"
-    ]
-    if "gt/mmcs" in gt:
-        lines.append(f"  linear1: MMCS {gt['gt/mmcs']:.3f}, ML2R {gt['gt/ml2r']:.3f}")
-    for site in ci:
-        line = f"  {site}: alive {gt[f'gt/alive/{site}']:.0f}"
-        if f"gt/identity_ci_error/{site}" in gt:
-            line += f", IdentityCIError {gt[f'gt/identity_ci_error/{site}']:.0f}"
-        if f"gt/dense_ci_error/{site}" in gt:
-            line += f", DenseCIError {gt[f'gt/dense_ci_error/{site}']:.0f}"
-        lines.append(line)
-    verdict = "yes" if result["reproduced"] else "no"
-    lines.append(f"reproduced by the reference's criteria: {verdict}")
-    lines.append(f"run dir: {run_dir}")
-    text = "\n".join(lines) + "\n"
+    text = summary_text(name, summary, k=k, run_dir=run_dir)
     (run_dir / "summary.txt").write_text(text)
     return run_dir, text
+
+
+def summary_text(name: str, summary: dict[str, Any], *, k: int, run_dir: Path) -> str:
+    """The toy run's summary: steps and rate, MMCS/ML2R, per site alive and the reference's
+    errors, and the verdict."""
+    lines = [
+        f"{name}: {summary['steps']} steps in {summary['time_s']:.1f} s "
+        f"({summary['steps_per_s']:.1f} steps/s, K = {k})"
+        + (" (stopped by a signal; resume with --resume)" if summary.get("stopped") else "")
+    ]
+    if "gt/mmcs" in summary:
+        lines.append(f"  linear1: MMCS {summary['gt/mmcs']:.3f}, ML2R {summary['gt/ml2r']:.3f}")
+    for site in summary["one_hot_ci"]:
+        line = f"  {site}: alive {summary[f'gt/alive/{site}']:.0f}"
+        if f"gt/identity_ci_error/{site}" in summary:
+            line += f", IdentityCIError {summary[f'gt/identity_ci_error/{site}']:.0f}"
+        if f"gt/dense_ci_error/{site}" in summary:
+            line += f", DenseCIError {summary[f'gt/dense_ci_error/{site}']:.0f}"
+        lines.append(line)
+    verdict = "yes" if summary["reproduced"] else "no"
+    lines.append(f"reproduced by the reference's criteria: {verdict}")
+    lines.append(f"run dir: {run_dir}")
+    return "\n".join(lines) + "\n"
 
 
 #: ``pd-train pretrain --check``'s tolerance: the largest difference from the shipped weights,
@@ -397,3 +475,75 @@ def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
         t2 = time.perf_counter()
         rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled)))
     return rows
+
+
+def is_toy_run_dir(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a toy run (its ``config.yaml`` has a top-level ``toy``)."""
+    return is_toy_config(str(Path(run_dir) / "config.yaml"))
+
+
+def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, str]:
+    """``pd-train analyze`` of a toy run dir: the reference's ground-truth metrics and the toy's
+    plots of the decomposition at checkpoint ``checkpoint`` (default: the latest). Writes
+    ``analysis/ground_truth-{step}.json`` (the metrics and the one-hot CI per site) and the
+    PNGs under ``plots/``; returns the JSON's path and a one-line result. ConfigError naming
+    ``--checkpoint`` when there is no such checkpoint."""
+    import jax
+    import numpy as np
+
+    from pd_train._config_io import ConfigError
+    from pd_train.checkpoints import Checkpoints, abstract_like
+    from pd_train.step import Trainer
+    from pd_train.targets.toys import (
+        _training_item,
+        ground_truth_metrics,
+        make_target,
+        reproduced,
+        toy_config,
+        toy_weights,
+        write_plots,
+    )
+
+    run_dir = Path(run_dir)
+    raw = load_toy_config(str(run_dir / "config.yaml"))
+    pd = toy_pd_config(raw)
+    toy = toy_config(raw["toy"])
+    steps = (
+        Checkpoints(run_dir / "checkpoints").steps() if (run_dir / "checkpoints").is_dir() else []
+    )
+    if not steps:
+        msg = f"{run_dir} has no checkpoint yet (a toy run saves one at its end)"
+        raise ConfigError([("run_dir", msg)])
+    step = steps[-1] if checkpoint is None else checkpoint
+    if step not in steps:
+        raise ConfigError([("--checkpoint", f"got {step}; {run_dir} has checkpoints {steps}")])
+    trainer = Trainer(make_target(toy), pd)
+    state = trainer.init_state(key=jax.random.key(0))  # a toy's: cheap; the restore's layout
+    with Checkpoints(run_dir / "checkpoints") as checkpoints:
+        params, _, _ = checkpoints.restore(
+            decomposition=abstract_like(state.params),
+            training=abstract_like(_training_item(state)),
+            step=step,
+        )
+    params = jax.device_get(params)
+    weights = toy_weights(raw["toy"])
+    metrics, ci = ground_truth_metrics(toy, trainer, params, weights)
+    write_plots(toy, trainer, params, weights, ci, run_dir / "plots")
+    out = run_dir / "analysis" / f"ground_truth-{step}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "toy": raw["toy"],
+        "checkpoint_step": step,
+        "reproduced": reproduced(toy, metrics),
+        **metrics,
+        "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
+    }
+    out.write_text(json.dumps(record, indent=1))
+    verdict = "reproduced" if record["reproduced"] else "not reproduced"
+    text = (
+        f"{raw['toy']} at step {step}: IdentityCIError {metrics.get('gt/identity_ci_error', 0):.0f}, "
+        f"DenseCIError {metrics.get('gt/dense_ci_error', 0):.0f}"
+        + (f", MMCS {metrics['gt/mmcs']:.3f}" if "gt/mmcs" in metrics else "")
+        + f" ({verdict} by the reference's criteria); wrote {out} and plots under {run_dir / 'plots'}"
+    )
+    return out, text

@@ -310,3 +310,70 @@ def plot_neuron_contributions(target: np.ndarray, component: np.ndarray, path: P
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
+
+
+def ground_truth_section(run_dir: str | Path) -> list[str] | None:
+    """The report's ground-truth section of a toy run dir (HTML fragments), or None when
+    ``run_dir`` holds no toy run: the reference's metrics per site (alive, IdentityCIError,
+    DenseCIError) and MMCS / ML2R, from the latest ``analysis/ground_truth-{step}.json``
+    (``pd-train analyze``) or else the run's ``summary.json``, and the toy's PNGs under
+    ``plots/`` (permuted CI, UV, directions, neuron contributions)."""
+    import base64
+    import html
+    import json
+
+    import yaml
+
+    run_dir = Path(run_dir)
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(config, dict) or "toy" not in config:
+        return None
+    name = str(config["toy"])
+    found = sorted(
+        (run_dir / "analysis").glob("ground_truth-*.json"),
+        key=lambda p: int(p.stem.rsplit("-", 1)[1]) if p.stem.rsplit("-", 1)[1].isdigit() else -1,
+    )
+    source = found[-1] if found else run_dir / "summary.json"
+    parts = ["<h2>Ground truth (the reference's metrics)</h2>"]
+    if not source.is_file():
+        parts.append(
+            f"<p>No ground-truth metrics yet: run <code>pd-train analyze {html.escape(str(run_dir))}"
+            "</code> on a checkpoint, or let the run finish.</p>"
+        )
+        return parts
+    record = json.loads(source.read_text())
+    step = record.get("checkpoint_step", record.get("steps"))
+    verdict = "yes" if record.get("reproduced") else "no"
+    parts.append(
+        f'<p class="sub">{html.escape(str(source))}: {html.escape(name)} at step {step}; '
+        f"reproduced by the reference's criteria (IdentityCIError 0, DenseCIError 0, MMCS ≥ 0.99 "
+        f"for TMS): <b>{verdict}</b></p>"
+    )
+    if "gt/mmcs" in record:
+        parts.append(
+            f"<p>linear1: MMCS {record['gt/mmcs']:.4f} ± {record.get('gt/mmcs_std', 0):.4f}, "
+            f"ML2R {record['gt/ml2r']:.4f} ± {record.get('gt/ml2r_std', 0):.4f}</p>"
+        )
+    rows = []
+    for site in record.get("one_hot_ci", {}):
+        cells = [html.escape(site)]
+        for key in ("alive", "identity_ci_error", "dense_ci_error"):
+            value = record.get(f"gt/{key}/{site}")
+            cells.append("–" if value is None else f"{value:.0f}")
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    parts.append(
+        '<table id="ground-truth"><thead><tr><th>site</th><th class="num">alive</th>'
+        '<th class="num">IdentityCIError</th><th class="num">DenseCIError</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+    for png in sorted((run_dir / "plots").glob(f"{name}_*.png")):
+        uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+        title = png.stem.removeprefix(f"{name}_").replace("_", " ")
+        parts.append(
+            f'<figure><img alt="{html.escape(title)}" src="{uri}">'
+            f"<figcaption>{html.escape(title)}</figcaption></figure>"
+        )
+    return parts

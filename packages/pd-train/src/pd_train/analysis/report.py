@@ -313,9 +313,14 @@ def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) ->
         else "<p>No L0 records yet.</p>"
     )
 
-    parts.append("<h2>Components</h2>")
+    from pd_train.analysis.ground_truth import ground_truth_section
+
+    toy = ground_truth_section(run_dir)  # a toy run dir: its ground truth, not components
+    parts.extend(toy if toy is not None else ["<h2>Components</h2>"])
     rows: list[list[Any]] = []
-    if columns is None:
+    if toy is not None:
+        pass
+    elif columns is None:
         parts.append(
             f"<p>No component analysis in this run dir yet: run <code>pd-train analyze {_e(str(run_dir))}</code> "
             "and then this command again.</p>"

@@ -34,7 +34,8 @@ class StepInfo:
     """The loop's position after a step. ``step``: steps finished (the name a checkpoint of this
     state gets); records carry ``index`` = ``step - 1``, the 0-based index of the step just run.
     ``start``/``end``: the attempt's first step and the step it runs to. ``stop``: set by a hook
-    to end the loop after this step."""
+    to end the loop after this step. ``ran``: steps the call just made ran (K of a K-step
+    program; ``metrics`` then stacks them on a leading axis)."""
 
     step: int
     start: int
@@ -42,6 +43,7 @@ class StepInfo:
     state: Any
     metrics: Any = None
     stop: bool = False
+    ran: int = 1
 
     @property
     def index(self) -> int:
@@ -60,7 +62,7 @@ class Cadence:
     def due(self, info: StepInfo) -> bool:
         return (
             (self.every > 0 and info.step % self.every == 0)
-            or (self.first and info.step == info.start + 1)
+            or (self.first and info.step - info.ran == info.start)
             or (self.last and info.step == info.end)
         )
 

@@ -77,6 +77,12 @@ class TMSTarget:
         return 1
 
     @property
+    def tied_kinds(self) -> tuple[tuple[str, str], ...]:
+        """A tied TMS decomposes linear2 with linear1's components transposed
+        (:mod:`pd_train.targets.tied`)."""
+        return (("linear1", "linear2"),) if self.config.tied_weights else ()
+
+    @property
     def output_loss(self) -> Literal["kl", "mse"]:
         return "mse"
 

@@ -28,7 +28,7 @@ import argparse
 import functools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +59,8 @@ from pd_train.config import (
     PDConfig,
     StochasticRecon,
 )
+from pd_train.run._hooks import Cadence, Hook, StepInfo
+from pd_train.run._loop import run_loop
 from pd_train.squash import lower_leaky_hard
 from pd_train.step import Trainer, TrainState, step_key
 from pd_train.targets.resid_mlp import (
@@ -154,7 +156,7 @@ def separates_every_feature(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1
 def pure_step(trainer: Trainer) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """The Trainer's pure (unjitted) step ``(state, target, batch, key) -> (state, metrics)``
     that the K-step programs compose."""
-    return trainer._step
+    return trainer.step
 
 
 @attrs.frozen(kw_only=True)
@@ -231,6 +233,8 @@ def decompose(
     checkpoints: Any = None,
     checkpoint_every: int = 0,
     resume: bool = False,
+    hooks: Sequence[Hook] = (),
+    on_warmup: Callable[[int, float], None] | None = None,
 ) -> tuple[Trainer, TrainState]:
     """``pd.steps`` train steps on batches [pd.batch_size, 1, n_features] of sparse features,
     ``steps_per_call`` (K) steps per dispatched program.
@@ -248,7 +252,9 @@ def decompose(
     n_features=, feature_probability=)``: the batch source (default
     :func:`~pd_train.targets.tms.sparse_features` with ``mode``). ``max_steps``: stop after that
     many steps (the schedule stays that of ``pd.steps``). ``pd.faithfulness_warmup`` steps (if
-    any) run before step 0 (not again on resume).
+    any) run before step 0 (not again on resume), ``on_warmup(i, faithfulness)`` after each.
+    The steps run in :func:`pd_train.run.run_loop` (K per call), the callbacks and checkpoints
+    as its hooks, then ``hooks`` (e.g. a run's stop and progress hooks).
     """
     k = steps_per_call
     _check_cadence(
@@ -285,26 +291,89 @@ def decompose(
             adversary=training.get("adversary", {}),
         )
     elif pd.faithfulness_warmup.steps:
-        state, _ = trainer.faithfulness_warmup(state, target_params)
+        state, _ = trainer.faithfulness_warmup(state, target_params, on_step=on_warmup)
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
-    i = int(state.step)
-    while i < n_steps:
-        n = k if i + k <= n_steps else 1
-        state, stacked = programs.program(n)(state, target_params)
-        done = i + n
-        logged = [j for j in range(i, done) if j % log_every == 0 or j == n_steps - 1]
-        if on_step is not None and logged:
-            host = jax.device_get(stacked)
+
+    def step_fn(state: TrainState, step: int, n: int = 1) -> tuple[TrainState, Any]:
+        del step  # the programs read it from the state
+        return programs.program(n)(state, target_params)  # type: ignore[no-any-return]
+
+    loop_hooks: list[Hook] = []
+    if on_step is not None:
+        loop_hooks.append(_OnStep(on_step, log_every=log_every, n_steps=n_steps))
+    if on_eval is not None and eval_every:
+        loop_hooks.append(_OnEval(on_eval, every=eval_every))
+    if checkpoints is not None:
+        loop_hooks.append(_Save(checkpoints, every=checkpoint_every))
+    loop_hooks.extend(hooks)
+    info = run_loop(
+        step_fn, loop_hooks, state=state, start=int(state.step), end=n_steps, steps_per_call=k
+    )
+    return trainer, info.state
+
+
+class _OnStep(Hook):
+    """``on_step(j, metrics of step j)`` for the steps j of each call with ``j % log_every == 0``
+    and the last step (the call's metrics are stacked [n, ...])."""
+
+    def __init__(
+        self, on_step: Callable[[int, dict[str, Any]], None], *, log_every: int, n_steps: int
+    ) -> None:
+        self.on_step = on_step
+        self.log_every = log_every
+        self.n_steps = n_steps
+
+    def __call__(self, info: StepInfo) -> None:
+        first = info.step - info.ran
+        logged = [
+            j for j in range(first, info.step) if j % self.log_every == 0 or j == self.n_steps - 1
+        ]
+        if logged:
+            host = jax.device_get(info.metrics)
             for j in logged:
-                on_step(j, jax.tree_util.tree_map(lambda a, at=j - i: a[at], host))
-        if on_eval is not None and eval_every and done % eval_every == 0:
-            on_eval(done, state)
-        if checkpoints is not None and (
-            (checkpoint_every and done % checkpoint_every == 0) or done == n_steps
-        ):
-            checkpoints.save(done, decomposition=state.params, training=_training_item(state))
-        i = done
-    return trainer, state
+                self.on_step(j, jax.tree_util.tree_map(lambda a, at=j - first: a[at], host))
+
+
+class _OnEval(Hook):
+    """``on_eval(n, state)`` after every ``every`` steps."""
+
+    def __init__(self, on_eval: Callable[[int, TrainState], None], *, every: int) -> None:
+        self.on_eval = on_eval
+        self.cadence = Cadence(every)
+
+    def __call__(self, info: StepInfo) -> None:
+        self.on_eval(info.step, info.state)
+
+
+class _FirstStep(Hook):
+    """Notes the attempt's first step (a resumed run starts past 0)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def before(self, step: int) -> None:
+        if self.step is None:
+            self.step = step
+
+
+class _Save(Hook):
+    """A checkpoint every ``every`` steps (0: none) and after the last step run (also a
+    stopped run's)."""
+
+    def __init__(self, checkpoints: Any, *, every: int) -> None:
+        self.checkpoints = checkpoints
+        self.cadence = Cadence(every)
+        self.saved: int | None = None
+
+    def __call__(self, info: StepInfo) -> None:
+        self.checkpoints.save(
+            info.step, decomposition=info.state.params, training=_training_item(info.state)
+        )
+        self.saved = info.step
+
+    def close(self, info: StepInfo) -> None:
+        if self.saved != info.step and info.step > info.start:
+            self(info)
 
 
 def plot_tms_directions(
@@ -414,7 +483,7 @@ def _recipe(
     components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units), importance
     minimality at p = ``pnorm``, stochastic and layerwise (one site per chunk) recon at 1,
     faithfulness at ``faithfulness`` (None: not a loss term), and the reference's 200-step
-    faithfulness warmup at lr 0.01."""
+    faithfulness warmup at lr 0.01 with weight decay 0.1."""
     opt = OptimizerConfig(lr=lr, final_val_frac=final_lr_frac)
     terms: list[Any] = [] if faithfulness is None else [Faithfulness(coeff=faithfulness)]
     terms += [
@@ -430,7 +499,7 @@ def _recipe(
         loss_metrics=tuple(terms),
         components=opt,
         ci_fn=opt,
-        faithfulness_warmup=FaithfulnessWarmup(steps=warmup_steps, lr=1e-2),
+        faithfulness_warmup=FaithfulnessWarmup(steps=warmup_steps, lr=1e-2, weight_decay=0.1),
     )
 
 
@@ -475,10 +544,6 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         dense={"layers.0.hidden_0": h} if hidden else {},
         steps_per_call=100,
         paper=paper,
-        deviation=(
-            "components of linear1 and linear2 decomposed separately (the reference ties them: "
-            "U2 = V1ᵀ, V2 = U1ᵀ); the faithfulness warmup has no weight decay (reference 0.1)"
-        ),
     )
 
 
@@ -509,7 +574,6 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
         identity=("layers.*.mlp_in",),
         dense={"layers.*.mlp_out": d_mlp},
         steps_per_call=50,
-        deviation="the faithfulness warmup has no weight decay (reference 0.1)",
     )
 
 
@@ -521,7 +585,7 @@ def _fast(toy: ToyConfig, deviation: str, **pd: Any) -> ToyConfig:
         name=f"{toy.name}_fast",
         pd=attrs.evolve(toy.pd, **pd),
         steps_per_call=k,
-        deviation=f"{deviation}; {toy.deviation}",
+        deviation="; ".join(d for d in (deviation, toy.deviation) if d),
     )
 
 
@@ -748,13 +812,18 @@ def run_toy(
     checkpoint_every: int = 0,
     resume: bool = False,
     trainer: Trainer | None = None,
+    hooks: Sequence[Hook] = (),
+    on_warmup: Callable[[int, float], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, np.ndarray], Any]:
     """Decompose the built-in toy ``name`` from its shipped weights; returns the ground-truth
     metrics (plus ``time_s``, ``steps_per_s``, ``samples_per_s``, final losses), the one-hot CI
     per site and the trained decomposition params. ``pd``: another recipe (default the toy's;
     ``steps`` replaces its step count). ``steps_per_call``: K (default the toy's); ``log_every``
     (default K) the cadence of ``on_step``; ``on_eval(n, metrics)``: the ground-truth metrics
-    after every ``eval_every`` steps. ``plots``: a directory for :func:`write_plots`."""
+    after every ``eval_every`` steps. ``plots``: a directory for :func:`write_plots`. ``hooks``,
+    ``on_warmup``, ``checkpoints``, ``resume``: as :func:`decompose`'s. The metrics' ``steps``:
+    the steps finished (fewer than asked when a hook stopped the run); the rates count this
+    attempt's steps."""
     toy = toy_config(name)
     pd = pd or toy.pd
     pd = pd if steps is None else attrs.evolve(pd, steps=steps)
@@ -762,6 +831,7 @@ def run_toy(
     target = make_target(toy)
     weights = toy_weights(name)
     last: dict[str, Any] = {}
+    first = _FirstStep()
 
     def keep(i: int, metrics: dict[str, Any]) -> None:
         last.update(metrics)
@@ -791,15 +861,19 @@ def run_toy(
         checkpoints=checkpoints,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        hooks=(first, *hooks),
+        on_warmup=on_warmup,
     )
     jax.block_until_ready(state.params)
     elapsed = time.perf_counter() - start
-    n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
+    done = int(state.step)
+    ran = done - (done if first.step is None else first.step)
     metrics, ci = ground_truth_metrics(toy, trainer_, state.params, weights)
     metrics.update({k: float(v) for k, v in last.items() if k.startswith("loss/")})
     metrics["time_s"] = elapsed
-    metrics["steps_per_s"] = n_steps / elapsed
-    metrics["samples_per_s"] = n_steps * pd.batch_size / elapsed
+    metrics["steps"] = float(done)
+    metrics["steps_per_s"] = ran / elapsed
+    metrics["samples_per_s"] = ran * pd.batch_size / elapsed
     metrics["reproduced"] = float(reproduced(toy, metrics))
     if plots is not None:
         write_plots(toy, trainer_, state.params, weights, ci, plots)

@@ -21,6 +21,7 @@ from pd_train.losses import (
 )
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.targets import Target, as_target
+from pd_train.targets.tied import tie_components
 from pd_train.train.state import GROUPS, TrainState, group_name
 
 
@@ -39,6 +40,7 @@ class TrainerState:
     _init_plan: pd_init.InitPlan | None
     _init_stack_jit: Any
     _opt_init_jit: Any
+    ties: Any
 
     def _run(self, name: str, jit: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -154,7 +156,10 @@ class TrainerState:
             stacks = self._run("init_params", plan.stacked_fn, key=key)
         # The pd-init group of each leaf is its dotted path: ``components.q_proj.V``,
         # ``ci_fn.q_proj.w0``, ``ci_fn.blocks.wq``.
-        return jax.tree_util.tree_map_with_path(lambda p, _: stacks[group_name(p)], abstract)
+        params = jax.tree_util.tree_map_with_path(lambda p, _: stacks[group_name(p)], abstract)
+        if self.ties:
+            params["components"] = tie_components(params["components"], self.ties)
+        return params
 
     def _init_stack_fn(self) -> Any:
         """``runtime.init = per_array``: a jit ``{array name: [*shape]} -> {group: [n, *shape]}``

@@ -1,5 +1,7 @@
-"""The faithfulness warm-up of a :class:`pd_train.train.Trainer`: N Adam steps on faithfulness
-alone before step 0, its own small jit (lr as data)."""
+"""The faithfulness warm-up of a :class:`pd_train.train.Trainer`: N AdamW steps on faithfulness
+alone before step 0, its own small jit (lr and weight decay as data). Weight decay is decoupled,
+as torch's AdamW (the reference's ``faithfulness_warmup_weight_decay``, 0.1 in its toy
+recipes); 0 is plain Adam. Tied kinds (:mod:`pd_train.targets.tied`) stay tied."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pd_train.decomposition import Decomposition
 from pd_train.losses import (
     faithfulness,
 )
+from pd_train.targets.tied import tie_components
 from pd_train.train.state import TrainState
 
 
@@ -31,6 +34,7 @@ class TrainerWarmup:
     _warmup_tx: optax.GradientTransformation
     _warmup_step: Any
     _warmup_init: Any
+    ties: Any
 
     def abstract_params(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -45,18 +49,27 @@ class TrainerWarmup:
         raise NotImplementedError
 
     def _warmup(
-        self, components: Any, opt_state: Any, target: Any, lr: jax.Array
+        self, components: Any, opt_state: Any, target: Any, lr: jax.Array, weight_decay: jax.Array
     ) -> tuple[Any, Any, jax.Array]:
-        """One Adam step on faithfulness; ``lr`` f32 [] is data (the same program for any
-        ``pd.faithfulness_warmup.lr``; the Adam state has the same structure as
-        ``_warmup_tx``'s)."""
+        """One AdamW step on faithfulness; ``lr`` and ``weight_decay`` f32 [] are data (the
+        same program for any ``pd.faithfulness_warmup.lr`` / ``.weight_decay``; the state has the
+        same structure as ``_warmup_tx``'s)."""
 
         def loss(c: Any) -> jax.Array:
-            return faithfulness(target["layers"], c, self.decomposition)
+            return faithfulness(target["layers"], tie_components(c, self.ties), self.decomposition)
 
         value, grads = jax.value_and_grad(loss)(components)
-        updates, opt_state = optax.adam(lr).update(grads, opt_state, components)
-        return optax.apply_updates(components, updates), opt_state, value
+        updates, opt_state = self._warmup_optimizer(lr, weight_decay).update(
+            grads, opt_state, components
+        )
+        components = tie_components(optax.apply_updates(components, updates), self.ties)
+        return components, opt_state, value
+
+    @staticmethod
+    def _warmup_optimizer(lr: Any, weight_decay: Any) -> optax.GradientTransformation:
+        """AdamW (decoupled, as torch's: ``weight_decay``·lr·param per step; 0 is Adam) at a
+        constant ``lr``; its state's structure does not depend on the values."""
+        return optax.adamw(lr, weight_decay=weight_decay)
 
     def _warmup_opt_shardings(self) -> Any:
         if self.layout is None:
@@ -84,16 +97,22 @@ class TrainerWarmup:
             components,
             opt_state,
             self.abstract_target(target_dtype),
-            self._warmup_lr(abstract=True),
+            *self._warmup_hp(abstract=True),
         )
 
-    def _warmup_lr(self, *, abstract: bool = False) -> Any:
-        """``pd.faithfulness_warmup.lr`` as an f32 [] argument (replicated with a mesh)."""
+    def _warmup_hp(self, *, abstract: bool = False) -> tuple[Any, Any]:
+        """``pd.faithfulness_warmup.lr`` and ``.weight_decay`` as f32 [] arguments (replicated
+        with a mesh)."""
         sharding = self.layout.replicated() if self.layout is not None else None
         if abstract:
-            return jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)
-        lr = jnp.asarray(self.pd.faithfulness_warmup.lr, jnp.float32)
-        return lr if sharding is None else jax.device_put(lr, sharding)
+            scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)
+            return scalar, scalar
+        warmup = self.pd.faithfulness_warmup
+        values = []
+        for v in (warmup.lr, warmup.weight_decay):
+            a = jnp.asarray(v, jnp.float32)
+            values.append(a if sharding is None else jax.device_put(a, sharding))
+        return values[0], values[1]
 
     def faithfulness_warmup(
         self,
@@ -103,7 +122,7 @@ class TrainerWarmup:
         steps: int | None = None,
         on_step: Callable[[int, float], None] | None = None,
     ) -> tuple[TrainState, list[float]]:
-        """``pd.faithfulness_warmup.steps`` Adam steps (constant lr) on faithfulness alone,
+        """``pd.faithfulness_warmup.steps`` AdamW steps (constant lr) on faithfulness alone,
         updating the components of ``state`` (donated); a small jit of its own. Returns the new
         state and the faithfulness before each step. ``on_step(i, value)`` is called as each
         step finishes (it waits for that step, so a record logged there carries its own time);
@@ -113,13 +132,13 @@ class TrainerWarmup:
             return state, []
         components = state.params["components"]
         opt_state = self._run("warmup_init", self._warmup_init, components)
-        lr = self._warmup_lr()
+        lr, wd = self._warmup_hp()
         warmup_step = self._program(
-            "warmup_step", self._warmup_step, components, opt_state, target, lr
+            "warmup_step", self._warmup_step, components, opt_state, target, lr, wd
         )
         losses = []
         for i in range(steps):
-            components, opt_state, value = warmup_step(components, opt_state, target, lr)
+            components, opt_state, value = warmup_step(components, opt_state, target, lr, wd)
             losses.append(value)
             if on_step is not None:
                 on_step(i, float(value))

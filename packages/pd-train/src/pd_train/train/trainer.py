@@ -54,6 +54,7 @@ from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, make_optimizer, optimizer_hyperparams, scheduled_lr
 from pd_train.squash import lower_leaky_hard_deferred, unit_clip, upper_leaky_hard
 from pd_train.targets import Target
+from pd_train.targets.tied import decomposition_ties, tie_components
 from pd_train.train._layout import TrainerState
 from pd_train.train._programs import (
     _CompiledStep,
@@ -113,6 +114,8 @@ class Trainer(TrainerState, TrainerWarmup):
         self.runtime = runtime or RuntimeConfig()
         self.mesh = mesh
         self.decomposition: Decomposition = build_decomposition(model, pd.decomposition_targets)
+        #: Tied kinds (pd_train.targets.tied): applied in the loss, after updates and at init.
+        self.ties = decomposition_ties(model, self.decomposition)
         self.layout = pd_sharding.Zero1Layout(mesh) if mesh is not None else None
         self.compute_dtype = _DTYPES[self.runtime.compute_dtype]
         self.ci_fn = make_ci_function(
@@ -162,7 +165,9 @@ class Trainer(TrainerState, TrainerWarmup):
         )
         self.compiler_options = dict(compiler_options or {})
         self._train_step = self._build_train_step()
-        self._warmup_tx = optax.adam(pd.faithfulness_warmup.lr)
+        self._warmup_tx = self._warmup_optimizer(
+            pd.faithfulness_warmup.lr, pd.faithfulness_warmup.weight_decay
+        )
         self._warmup_step = self._jit(self._warmup, donate_argnums=(0, 1))
         shardings = self._warmup_opt_shardings()
         kwargs = {} if shardings is None else {"out_shardings": shardings}
@@ -270,6 +275,7 @@ class Trainer(TrainerState, TrainerWarmup):
         the new state of each term that has one.
         """
         hp = self.hyperparams() if hp is None else hp
+        params = {**params, "components": tie_components(params["components"], self.ties)}
         comps = jax.tree_util.tree_map(lambda a: a.astype(self.compute_dtype), params["components"])
         inputs = TermInputs(
             spec=self.forward_spec,
@@ -513,6 +519,7 @@ class Trainer(TrainerState, TrainerWarmup):
                 params[g] = optax.apply_updates(state.params[g], updates)
                 metrics[f"grad_norm/{g}"] = optax.tree.norm(grads[g])
             metrics[f"lr/{g}"] = scheduled_lr(hp["optim"][g]["schedule"], state.step)
+        params["components"] = tie_components(params["components"], self.ties)
         return params, opt_state
 
     def _build_train_step(self) -> Any:
