@@ -88,7 +88,6 @@ ADAM_FLOPS_PER_PARAM = 14
 #: attention input (0), o the attention output (1), gate/up the MLP input (2), down (3).
 _STAGES = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 2,
            "down_proj": 3}  # fmt: skip
-_KINDS = tuple(_STAGES)
 
 
 @attrs.frozen(kw_only=True)
@@ -209,19 +208,30 @@ class _Acc:
         )
 
 
-def _site_dims(model: LlamaConfig) -> dict[str, tuple[int, int]]:
-    d, ff = model.hidden_size, model.intermediate_size
-    hd = model.head_dim or d // model.num_attention_heads
-    q, kv = model.num_attention_heads * hd, model.num_key_value_heads * hd
-    return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
-            "gate_proj": (d, ff), "up_proj": (d, ff), "down_proj": (ff, d)}  # fmt: skip
+def _is_lm(model: Any) -> bool:
+    """An LM architecture the census counts: a Llama-family ``LlamaConfig`` (Llama, Qwen2,
+    Qwen3) or a ``GPT2Config`` (its kinds are Llama's names without ``gate_proj``)."""
+    from pd_train.models.gpt2 import GPT2Config
+
+    return isinstance(model, LlamaConfig | GPT2Config)
 
 
-def _clean_forward(acc: _Acc, model: LlamaConfig, b: int, t: int) -> None:
+def _site_dims(model: Any) -> dict[str, tuple[int, int]]:
+    """``(d_in, d_out)`` of each of the target's kinds, in canonical order."""
+    from pd_train.targets.base import as_target
+
+    return as_target(model).site_shapes()
+
+
+def _head_dim(model: Any) -> int:
+    return _site_dims(model)["q_proj"][1] // model.num_attention_heads
+
+
+def _clean_forward(acc: _Acc, model: Any, b: int, t: int) -> None:
     dims = _site_dims(model)
     n, L = b * t, model.num_hidden_layers
-    hd = model.head_dim or model.hidden_size // model.num_attention_heads
-    for kind in _KINDS:
+    hd = _head_dim(model)
+    for kind in dims:
         d_in, d_out = dims[kind]
         acc.mm(n, d_in, d_out, term="clean", part="frozen", kind=kind, dx=False, dw=False, times=L)
     acc.attention(b, t, model.num_attention_heads, hd, term="clean", part="attention", grad=False,
@@ -231,7 +241,7 @@ def _clean_forward(acc: _Acc, model: LlamaConfig, b: int, t: int) -> None:
 
 def _masked_forward(
     acc: _Acc,
-    model: LlamaConfig,
+    model: Any,
     decomposition: Decomposition,
     live: set[tuple[int, str]],
     b: int,
@@ -248,7 +258,7 @@ def _masked_forward(
         return
     dims = _site_dims(model)
     n = b * t
-    hd = model.head_dim or model.hidden_size // model.num_attention_heads
+    hd = _head_dim(model)
     first = min(layer for layer, _ in live)
     first_stage = min(_STAGES[k] for layer, k in live if layer == first)
     grad = False  # whether the residual stream carries a gradient at this point
@@ -256,7 +266,7 @@ def _masked_forward(
         for stage in range(4):
             if layer == first and stage < first_stage:
                 continue  # equal to the clean forward up to the first live site
-            kinds = [k for k in _KINDS if _STAGES[k] == stage]
+            kinds = [k for k in dims if _STAGES[k] == stage]
             any_live = False
             for kind in kinds:
                 d_in, d_out = dims[kind]
@@ -292,7 +302,7 @@ class CensusContext:
     decomposition: Decomposition
     batch_size: int
     seq_len: int
-    model: LlamaConfig | None = None
+    model: Any = None
 
     @property
     def tokens(self) -> int:
@@ -347,19 +357,23 @@ def _live_sets(
     return [{(sites[i].layer, sites[i].kind) for i in chunk} for chunk in chunks]
 
 
-def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
+def step_census(model: Any, pd: PDConfig, *, seq_len: int) -> Census:
     """The useful FLOPs of one train step of ``pd`` on ``model`` with batches [pd.batch_size,
     seq_len] (see the module docstring for what counts): the clean forward and CI function when
     a term needs CI, each term's own count (:meth:`pd_train.losses.LossTerm.flops`), the
-    optimizers."""
+    optimizers. ``model``: a Llama-family or GPT-2 architecture, or one whose registered kind
+    has its own ``census``; TypeError for any other."""
     from pd_train.losses import loss_term
 
-    if not isinstance(model, LlamaConfig):  # another registered kind may count its own
+    if not _is_lm(model):  # another registered kind may count its own
         from pd_train.targets import kind_of
 
         kind = kind_of(model)
         if kind is None or kind.census is None:
-            msg = f"step_census counts Llama-family targets only, not {type(model).__name__}"
+            msg = (
+                "step_census counts Llama-family and GPT-2 targets (or a kind with its own "
+                f"census), not {type(model).__name__}"
+            )
             raise TypeError(msg)
         return kind.census(model, pd, seq_len=seq_len)  # type: ignore[no-any-return]
     decomposition = build_decomposition(model, pd.decomposition_targets)

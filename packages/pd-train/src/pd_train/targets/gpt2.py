@@ -24,7 +24,7 @@ from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
 from pd_train.targets.base import Linear
 from pd_train.targets.registry import TargetKind, register_target
 
-__all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig"]
+__all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig", "gpt2_census"]
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +98,14 @@ def _load(config: GPT2TargetConfig, checkpoint: Path, *, shardings: Any, dtype: 
     )[1]
 
 
+def gpt2_census(model: GPT2Config, pd: Any, *, seq_len: int) -> Any:
+    """The FLOP census of one step (:func:`pd_train.flops.step_census`): GPT-2's six kinds
+    counted as Llama's are (biases, LayerNorms and the position table are elementwise)."""
+    from pd_train.flops import step_census
+
+    return step_census(model, pd, seq_len=seq_len)
+
+
 GPT2 = register_target(
     TargetKind(
         name="gpt2",
@@ -109,5 +117,6 @@ GPT2 = register_target(
         shardings=lambda model, layout, params: hf_shardings(
             layout, params, hidden_size=model.n_embd
         ),
+        census=gpt2_census,
     )
 )
