@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from pd_train.models import gpt2, hf
 from pd_train.models.gpt2 import GPT2Config
 from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
-from pd_train.targets.base import Linear
+from pd_train.targets.base import Linear, Lookup
 from pd_train.targets.registry import TargetKind, register_target
 
 __all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig", "gpt2_census"]
@@ -48,11 +48,27 @@ class GPT2Target:
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         return self.config.site_shapes()
 
+    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
+        """The sites outside the layer stack: ``embed_tokens`` (a lookup into its rows) and
+        ``lm_head`` (with tied embeddings: the table transposed)."""
+        d, v = self.config.n_embd, self.config.vocab_size
+        return {"embed_tokens": (v, d), "lm_head": (d, v)}
+
+    def global_weights(self, params: Any) -> dict[str, jax.Array]:
+        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
+        table = params["embed_tokens"]
+        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
+        return {"embed_tokens": table, "lm_head": head}
+
     def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
         return gpt2.init_params(self.config, key=key, dtype=dtype)
 
-    def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
-        return gpt2.embed(params, inputs, dtype), None
+    def start(
+        self, params: Any, inputs: jax.Array, dtype: Any, lookup: Lookup | None = None
+    ) -> tuple[jax.Array, Any]:
+        if lookup is None:
+            return gpt2.embed(params, inputs, dtype), None
+        return gpt2.embed(params, inputs, dtype, lookup), None
 
     def layer(
         self,
@@ -66,8 +82,10 @@ class GPT2Target:
             return gpt2.decoder_layer(h, layer_params, self.config)
         return gpt2.decoder_layer(h, layer_params, self.config, linear)
 
-    def finish(self, params: Any, h: jax.Array) -> jax.Array:
-        return gpt2.unembed(params, h, self.config)
+    def finish(self, params: Any, h: jax.Array, linear: Linear | None = None) -> jax.Array:
+        if linear is None:
+            return gpt2.unembed(params, h, self.config)
+        return gpt2.unembed(params, h, self.config, linear)
 
 
 @attrs.frozen(kw_only=True)

@@ -15,7 +15,7 @@ import pd_sharding
 from pd_train.config import (
     PDConfig,
 )
-from pd_train.decomposition import Decomposition
+from pd_train.decomposition import Decomposition, site_weights
 from pd_train.losses import (
     faithfulness,
 )
@@ -27,6 +27,7 @@ class TrainerWarmup:
 
     pd: PDConfig
     decomposition: Decomposition
+    forward_spec: Any
     layout: Any
     _warmup_tx: optax.GradientTransformation
     _warmup_step: Any
@@ -52,7 +53,8 @@ class TrainerWarmup:
         ``_warmup_tx``'s)."""
 
         def loss(c: Any) -> jax.Array:
-            return faithfulness(target["layers"], c, self.decomposition)
+            weights = site_weights(self.forward_spec.target, target, self.decomposition)
+            return faithfulness(weights, c, self.decomposition)
 
         value, grads = jax.value_and_grad(loss)(components)
         updates, opt_state = optax.adam(lr).update(grads, opt_state, components)
