@@ -259,3 +259,34 @@ def test_gpt2_census_equals_a_hand_count_on_a_one_layer_toy() -> None:
     assert by_term["optimizer"] == opt
     assert census.total == clean + ci + faith + recon + opt
     assert "gate_proj" not in census.by("kind")
+
+
+def test_embedding_and_unembedding_sites_are_counted_by_hand() -> None:
+    """embed_tokens (32 -> 8, C 3: a row lookup, no x@V matmul) and lm_head (8 -> 32, C 2) on the
+    one-layer Llama toy, mlp CI: the recon forward starts at the embedding, so the whole layer
+    is recomputed with gradients; every number counted by hand."""
+    pd = _pd(
+        decomposition_targets=(
+            DecompositionTarget(module_pattern="embed_tokens", C=3),
+            DecompositionTarget(module_pattern="lm_head", C=2),
+        ),
+        ci=MLPCI(hidden_dims=(5,)),
+    )
+    census = step_census(TOY, pd, seq_len=T)
+    # (V[tok]*m) @ U: fwd + d(inner) + dU; the layer's sites (576 MACs) fwd + dx; attention fwd
+    # + 2x bwd; the frozen head fwd + dx; the head's x@V (fwd, dx, dV) and (xV*m)@U (fwd, dx, dU).
+    recon = (
+        2 * N * 3 * 8 * 3
+        + 2 * N * 576 * 2
+        + 3 * 2 * 2 * B * 2 * T * T * 4
+        + 2 * N * 8 * 32 * 2
+        + 2 * N * 8 * 2 * 3
+        + 2 * N * 2 * 32 * 3
+    )
+    faith = 2 * 32 * 3 * 8 * 3 + 2 * 8 * 2 * 32 * 3
+    # mlp CI: x@V only at the head (dW), per component 1 -> 5 and 5 -> 1 (dx, dW) at both.
+    ci = 2 * N * 8 * 2 * 2 + (2 * N * 3 * 5 * 3) * 2 + (2 * N * 2 * 5 * 3) * 2
+    by_term = census.by("term")
+    assert by_term["stochastic_recon"] == recon == 25440
+    assert by_term["faithfulness"] == faith == 7680
+    assert by_term["ci_fn"] == ci

@@ -54,7 +54,7 @@ from typing import Any
 import attrs
 
 from pd_train.config import PDConfig
-from pd_train.decomposition import Decomposition, build_decomposition
+from pd_train.decomposition import GLOBAL_KINDS, Decomposition, build_decomposition
 from pd_train.models.llama_config import LlamaConfig
 
 __all__ = [
@@ -259,9 +259,21 @@ def _masked_forward(
     dims = _site_dims(model)
     n = b * t
     hd = _head_dim(model)
-    first = min(layer for layer, _ in live)
-    first_stage = min(_STAGES[k] for layer, k in live if layer == first)
+    kw0: dict[str, Any] = {"term": term, "phase": phase, "times": times}
     grad = False  # whether the residual stream carries a gradient at this point
+    live_kinds = {k for _, k in live}
+    in_stack = [(layer, k) for layer, k in live if k not in GLOBAL_KINDS]
+    if "embed_tokens" in live_kinds:
+        # V[tokens] is a row lookup (no matmul); (V[tokens]·m) @ U: fwd, d(inner), dU. Every
+        # layer after it is recomputed and carries a gradient.
+        c = decomposition.kind("embed_tokens").C
+        acc.mm(n, c, model.hidden_size, part="live", kind="embed_tokens", dx=True, dw=train, **kw0)
+        first, first_stage, grad = 0, 0, True
+    elif in_stack:
+        first = min(layer for layer, _ in in_stack)
+        first_stage = min(_STAGES[k] for layer, k in in_stack if layer == first)
+    else:  # only the LM head: the layers are the clean forward's
+        first, first_stage = model.num_hidden_layers, 0
     for layer in range(first, model.num_hidden_layers):
         for stage in range(4):
             if layer == first and stage < first_stage:
@@ -273,7 +285,7 @@ def _masked_forward(
                 kw: dict[str, Any] = {"term": term, "kind": kind, "phase": phase, "times": times}
                 # x@W at the first live site's stage reads the clean input: the clean forward
                 # computed it already.
-                clean_xw = layer == first and stage == first_stage
+                clean_xw = layer == first and stage == first_stage and not grad
                 if (layer, kind) in live:
                     any_live = True
                     c = decomposition.kind(kind).C
@@ -287,8 +299,12 @@ def _masked_forward(
             if stage == 0:
                 acc.attention(b, t, model.num_attention_heads, hd, term=term, part="attention",
                               grad=grad, phase=phase, times=times)  # fmt: skip
-    acc.mm(n, model.hidden_size, model.vocab_size, term=term, part="lm_head", dx=grad, dw=False,
-           phase=phase, times=times)  # fmt: skip
+    d, v = model.hidden_size, model.vocab_size
+    acc.mm(n, d, v, term=term, part="lm_head", dx=grad, dw=False, phase=phase, times=times)
+    if "lm_head" in live_kinds:
+        c = decomposition.kind("lm_head").C
+        acc.mm(n, d, c, part="live", kind="lm_head", dx=grad, dw=train, **kw0)
+        acc.mm(n, c, v, part="live", kind="lm_head", dx=True, dw=train, **kw0)
 
 
 @attrs.define(kw_only=True)

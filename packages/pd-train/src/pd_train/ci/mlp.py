@@ -96,8 +96,9 @@ def component_mlp_flops(
     acc = census.acc
     if on_x:  # per component d_in -> h0 on x
         acc.mm(n * layout.C, layout.d_in, hidden[0], dx=False, dw=True, **kw)
-    else:  # x@V, then per component 1 -> h0 (elementwise)
-        acc.mm(n, layout.d_in, layout.C, dx=False, dw=True, **kw)
+    else:  # x@V (a row lookup at embed_tokens: no matmul), then per component 1 -> h0
+        if layout.kind != "embed_tokens":
+            acc.mm(n, layout.d_in, layout.C, dx=False, dw=True, **kw)
         acc.mm(n * layout.C, 1, hidden[0], dx=True, dw=True, **kw)
     for a, c in itertools.pairwise(hidden):
         acc.mm(n * layout.C, a, c, dx=True, dw=True, **kw)
