@@ -143,7 +143,9 @@ def test_a_global_site_alone_starts_from_the_clean_stream(kind) -> None:
     clean, _ = runner.run(lambda k, x, xs: x, {})
     comps = _exact_components(d, site_weights(target, params, d))
     live = np.zeros((2, len(d.kinds)), bool)
-    live[0, d.kind_names.index(kind)] = True
+    row = next(site.layer for site in d.sites if site.kind == kind)
+    assert row == (0 if kind == "embed_tokens" else 1)  # the embedding's row, the last layer's
+    live[row, d.kind_names.index(kind)] = True
     for static in (True, False):
         for value, equal in ((1.0, True), (0.0, False)):
             ci = {k.kind: jnp.full((len(k.layers), B, T, C), value) for k in d.kinds}

@@ -61,14 +61,15 @@ class ForwardSpec:
 
 def site_id(layer: int, kind: str, kinds: Sequence[str] = llama.KINDS) -> int:
     """A site's number for folding its source key: independent of which sites are decomposed.
-    ``kinds``: the target's kinds (default Llama's)."""
+    ``kinds``: the target's kinds (default Llama's). A site outside the layer stack
+    (``embed_tokens``, ``lm_head``) has a number of its own, past any layer site's."""
+    if kind in GLOBAL_KINDS:
+        return GLOBAL_SITE_IDS + GLOBAL_KINDS.index(kind)
     return layer * len(kinds) + tuple(kinds).index(kind)
 
 
-def global_site_id(kind: str, n_layers: int, kinds: Sequence[str] = llama.KINDS) -> int:
-    """The number of a site outside the layer stack (``embed_tokens``, ``lm_head``): past every
-    layer site's :func:`site_id`."""
-    return n_layers * len(kinds) + GLOBAL_KINDS.index(kind)
+#: The first :func:`site_id` of the sites outside the layer stack (beyond any model's layers).
+GLOBAL_SITE_IDS = 2**30
 
 
 def loop(
@@ -265,15 +266,14 @@ def masked_forward(
     h, ctx = _start(spec, target, tokens, lookup)
     first: Any = 0
     if clean_stream is not None:
-        # The LM head does not start the layer loop early: its column is left out.
-        stack_live = live[:, [i for i, k in enumerate(names) if k != "lm_head"]]
+        # (the embedding's row is layer 0, the LM head's the last layer)
         if static:
-            live_layers = np.flatnonzero(np.asarray(stack_live).any(axis=1))
+            live_layers = np.flatnonzero(np.asarray(live).any(axis=1))
             first = int(live_layers[0]) if live_layers.size else n_layers
             if lookup is None or first > 0:
                 h = clean_stream[first]
         else:
-            any_live = jnp.any(stack_live, axis=1)
+            any_live = jnp.any(live, axis=1)
             first = jnp.where(jnp.any(any_live), jnp.argmax(any_live), n_layers)
     for seg in spec.decomposition.segments:
         cols = np.array([names.index(k) for k in seg.kinds], dtype=np.int32)
@@ -331,7 +331,14 @@ def _global_live(spec: ForwardSpec, live: jax.Array | np.ndarray, kind: str) -> 
     names = spec.decomposition.kind_names
     if kind not in names:
         return False
-    return not isinstance(live, np.ndarray) or bool(live[0, names.index(kind)])
+    row = _global_row(spec, kind)
+    return not isinstance(live, np.ndarray) or bool(live[row, names.index(kind)])
+
+
+def _global_row(spec: ForwardSpec, kind: str) -> int:
+    """The row of a global site in ``live``/``routed`` [L, K, ...]: 0 for the embedding, the
+    last layer for the LM head (as :attr:`Decomposition.sites` places them)."""
+    return 0 if kind == "embed_tokens" else spec.decomposition.n_layers - 1
 
 
 def _global_site(
@@ -349,8 +356,9 @@ def _global_site(
     sources: Mapping[str, jax.Array] | None,
 ) -> jax.Array:
     """The embedding's lookup or the LM head's matmul on the component path (a global site is
-    its kind's one member, row 0 of ``live``/``routed``/``ci_lower``). ``embed_tokens``: x is
-    tokens [B, T] int and w the table [vocab, d]: ``inner = V[tokens]``, ``xw = W[tokens]``;
+    its kind's one member: row 0 of ``ci_lower``). ``embed_tokens``: x is
+    tokens [B, T] int and w the table [vocab, d]: ``inner = V[tokens]``, ``xw = W[tokens]``
+    (its ``live``/``routed`` row: :func:`_global_row`);
     ``lm_head``: x [B, T, d] and w [d, vocab]."""
     names = spec.decomposition.kind_names
     j = names.index(kind)
@@ -361,7 +369,6 @@ def _global_site(
     else:
         xw = x @ w.astype(x.dtype)
         inner = x @ V
-    target = spec.target
     out = component_output(
         spec,
         inner,
@@ -369,14 +376,13 @@ def _global_site(
         U,
         ci_lower[kind][0],
         source=None if sources is None else sources[kind][0],
-        key=jax.random.fold_in(
-            key, global_site_id(kind, spec.decomposition.n_layers, target.kinds)
-        ),
+        key=jax.random.fold_in(key, site_id(0, kind)),
         source_scale=source_scale,
     )
-    route = jnp.asarray(live[0, j])
+    row = _global_row(spec, kind)
+    route = jnp.asarray(live[row, j])
     if routed is not None:
-        route = route & routed[0, j]
+        route = route & routed[row, j]
     return jnp.where(jnp.broadcast_to(route, inner.shape[:-1])[..., None], out, xw)
 
 

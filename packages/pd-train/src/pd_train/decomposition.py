@@ -137,8 +137,10 @@ class Decomposition:
 
     @property
     def sites(self) -> tuple[Site, ...]:
-        """Every decomposed site in canonical order (``embed_tokens`` first, ``lm_head`` last;
-        a global site's ``layer`` is 0)."""
+        """Every decomposed site in canonical order (``embed_tokens`` first, ``lm_head`` last).
+        A global site's ``layer`` is the row it takes in per-layer tables such as a forward's
+        ``live`` [L, K]: 0 for ``embed_tokens`` (it acts before layer 0), L − 1 for ``lm_head``
+        (after the last layer); its ``index`` in its stack is 0."""
 
         def one(kind: str, layer: int) -> Site:
             index = 0 if kind in GLOBAL_KINDS else self.kind(kind).slot(layer)
@@ -148,7 +150,7 @@ class Decomposition:
         for layer in range(self.n_layers):
             out += [one(k.kind, layer) for k in self.layer_kinds if layer in k.layers]
         if self.has("lm_head"):
-            out.append(one("lm_head", 0))
+            out.append(one("lm_head", self.n_layers - 1))
         return tuple(out)
 
     @property

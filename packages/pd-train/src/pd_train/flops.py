@@ -269,11 +269,12 @@ def _masked_forward(
         c = decomposition.kind("embed_tokens").C
         acc.mm(n, c, model.hidden_size, part="live", kind="embed_tokens", dx=True, dw=train, **kw0)
         first, first_stage, grad = 0, 0, True
-    elif in_stack:
-        first = min(layer for layer, _ in in_stack)
-        first_stage = min(_STAGES[k] for layer, k in in_stack if layer == first)
-    else:  # only the LM head: the layers are the clean forward's
-        first, first_stage = model.num_hidden_layers, 0
+    else:
+        # The LM head's row is the last layer: the masked forward starts there at the latest.
+        starts = [(layer, _STAGES[k]) for layer, k in in_stack]
+        if "lm_head" in live_kinds:
+            starts.append((model.num_hidden_layers - 1, 0))
+        first, first_stage = min(starts)
     for layer in range(first, model.num_hidden_layers):
         for stage in range(4):
             if layer == first and stage < first_stage:
