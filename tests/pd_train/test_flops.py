@@ -229,3 +229,64 @@ def test_compiled_step_matches_the_census_without_remat() -> None:
     census = step_census(model, pd, seq_len=t)
     assert cost.matmul_flops == cost.matmul_flops_min  # no conditional in this program
     assert 1.0 <= cost.matmul_flops / census.matmul <= 1.05
+
+
+def test_gpt2_census_equals_a_hand_count_on_a_one_layer_toy() -> None:
+    """GPT-2 (no gate; q/k/v/o all 8 -> 8, up 8 -> 16, down 16 -> 8, tied LM head 8 x 32):
+    up_proj (C 3) decomposed, shared_mlp CI 8 -> 5 -> 3; every number counted by hand."""
+    from pd_train.models.gpt2 import GPT2Config
+
+    toy = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2, n_inner=16)
+    pd = _pd(
+        decomposition_targets=(DecompositionTarget(module_pattern="layers.0.mlp.up_proj", C=3),)
+    )
+    census = step_census(toy, pd, seq_len=T)
+    # clean: site MACs per token q, k, v, o 64 each + up 128 + down 128 = 512; attention 2
+    # matmuls x B x 2 heads x T x T x head_dim 4; the tied LM head 8 x 32.
+    clean = 2 * N * 512 + 2 * 2 * B * 2 * T * T * 4 + 2 * N * 8 * 32
+    # CI: 8 -> 5 (dW only) and 5 -> 3 (dx and dW).
+    ci = 2 * N * 8 * 5 * 2 + 2 * N * 5 * 3 * 3
+    faith = 2 * 8 * 3 * 16 * 3
+    # recon from the live up_proj (its x@W is the clean one): x@V fwd + dV, (xV*m)@U fwd +
+    # d(xV*m) + dU, down_proj frozen behind it (fwd + dx), LM head fwd + dx.
+    recon = 2 * N * 8 * 3 * 2 + 2 * N * 3 * 16 * 3 + 2 * N * 16 * 8 * 2 + 2 * N * 8 * 32 * 2
+    opt = ADAM_FLOPS_PER_PARAM * (3 * 24 + 8 * 5 + 5 + 5 * 3 + 3)
+    by_term = census.by("term")
+    assert by_term["clean"] == clean == 9792
+    assert by_term["ci_fn"] == ci == 1500
+    assert by_term["faithfulness"] == faith == 2304
+    assert by_term["stochastic_recon"] == recon == 11520
+    assert by_term["optimizer"] == opt
+    assert census.total == clean + ci + faith + recon + opt
+    assert "gate_proj" not in census.by("kind")
+
+
+def test_embedding_and_unembedding_sites_are_counted_by_hand() -> None:
+    """embed_tokens (32 -> 8, C 3: a row lookup, no x@V matmul) and lm_head (8 -> 32, C 2) on the
+    one-layer Llama toy, mlp CI: the recon forward starts at the embedding, so the whole layer
+    is recomputed with gradients; every number counted by hand."""
+    pd = _pd(
+        decomposition_targets=(
+            DecompositionTarget(module_pattern="embed_tokens", C=3),
+            DecompositionTarget(module_pattern="lm_head", C=2),
+        ),
+        ci=MLPCI(hidden_dims=(5,)),
+    )
+    census = step_census(TOY, pd, seq_len=T)
+    # (V[tok]*m) @ U: fwd + d(inner) + dU; the layer's sites (576 MACs) fwd + dx; attention fwd
+    # + 2x bwd; the frozen head fwd + dx; the head's x@V (fwd, dx, dV) and (xV*m)@U (fwd, dx, dU).
+    recon = (
+        2 * N * 3 * 8 * 3
+        + 2 * N * 576 * 2
+        + 3 * 2 * 2 * B * 2 * T * T * 4
+        + 2 * N * 8 * 32 * 2
+        + 2 * N * 8 * 2 * 3
+        + 2 * N * 2 * 32 * 3
+    )
+    faith = 2 * 32 * 3 * 8 * 3 + 2 * 8 * 2 * 32 * 3
+    # mlp CI: x@V only at the head (dW), per component 1 -> 5 and 5 -> 1 (dx, dW) at both.
+    ci = 2 * N * 8 * 2 * 2 + (2 * N * 3 * 5 * 3) * 2 + (2 * N * 2 * 5 * 3) * 2
+    by_term = census.by("term")
+    assert by_term["stochastic_recon"] == recon == 25440
+    assert by_term["faithfulness"] == faith == 7680
+    assert by_term["ci_fn"] == ci

@@ -12,6 +12,7 @@ current chunk takes the frozen path under ``lax.cond``, so it costs only its x@W
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from pd_train.decomposition import Decomposition, Segment
+from pd_train.decomposition import GLOBAL_KINDS, Decomposition, Segment
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import masks, sample_source
@@ -63,8 +64,15 @@ class ForwardSpec:
 
 def site_id(layer: int, kind: str, kinds: Sequence[str] = llama.KINDS) -> int:
     """A site's number for folding its source key: independent of which sites are decomposed.
-    ``kinds``: the target's kinds (default Llama's)."""
+    ``kinds``: the target's kinds (default Llama's). A site outside the layer stack
+    (``embed_tokens``, ``lm_head``) has a number of its own, past any layer site's."""
+    if kind in GLOBAL_KINDS:
+        return GLOBAL_SITE_IDS + GLOBAL_KINDS.index(kind)
     return layer * len(kinds) + tuple(kinds).index(kind)
+
+
+#: The first :func:`site_id` of the sites outside the layer stack (beyond any model's layers).
+GLOBAL_SITE_IDS = 2**30
 
 
 def loop(
@@ -101,9 +109,31 @@ def _frozen_body(
     return body
 
 
-def _start(spec: ForwardSpec, target: Tree, tokens: jax.Array) -> tuple[jax.Array, Any]:
-    h, ctx = spec.target.start(target, tokens, spec.compute_dtype)
+def _start(
+    spec: ForwardSpec, target: Tree, tokens: jax.Array, lookup: Any = None
+) -> tuple[jax.Array, Any]:
+    if lookup is None:
+        h, ctx = spec.target.start(target, tokens, spec.compute_dtype)
+    else:
+        h, ctx = spec.target.start(  # type: ignore[call-arg]
+            target, tokens, spec.compute_dtype, lookup
+        )
     return spec.constrain(h), ctx
+
+
+def _finish(spec: ForwardSpec, target: Tree, h: jax.Array, linear: Any = None) -> jax.Array:
+    if linear is None:
+        return spec.target.finish(target, h)
+    return spec.target.finish(target, h, linear)  # type: ignore[call-arg]
+
+
+def _first(tree: Tree) -> Tree:
+    """The one member of a global kind's stack: ``a[0]`` of every leaf."""
+    return jax.tree_util.tree_map(lambda a: a[0], tree)
+
+
+def _lookup_rows(tokens: jax.Array, table: jax.Array) -> jax.Array:
+    return jnp.take(table, tokens, axis=0)
 
 
 class CleanRunner:
@@ -123,8 +153,15 @@ class CleanRunner:
     ) -> tuple[jax.Array, dict[str, Any]]:
         spec = self.spec
         arch = spec.target
-        h, ctx = _start(spec, self.target, self.tokens)
         outputs: dict[str, list[Any]] = {k: [] for k in site_xs}
+        lookup = None
+        if "embed_tokens" in site_xs:
+
+            def lookup(kind: str, tokens: jax.Array, table: jax.Array) -> jax.Array:
+                outputs[kind].append(_stack1(site_fn(kind, tokens, _first(site_xs[kind]))))
+                return _lookup_rows(tokens, table)
+
+        h, ctx = _start(spec, self.target, self.tokens, lookup)
         stream: list[jax.Array] = []
         for seg in spec.decomposition.segments:
             layers = _slice(self.target["layers"], seg.start, seg.size)
@@ -154,12 +191,24 @@ class CleanRunner:
             for k in kinds:
                 outputs[k].append(ys[k])
         self.stream = jax.lax.stop_gradient(jnp.concatenate([*stream, h[None]], axis=0))
-        logits = arch.finish(self.target, h)
+        head = None
+        if "lm_head" in site_xs:
+
+            def head(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+                x = jax.lax.stop_gradient(x)
+                outputs[kind].append(_stack1(site_fn(kind, x, _first(site_xs[kind]))))
+                return x @ w.astype(x.dtype)
+
+        logits = _finish(spec, self.target, h, head)
         joined = {
             k: jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *v)
             for k, v in outputs.items()
         }
         return jax.lax.stop_gradient(logits), joined
+
+
+def _stack1(tree: Tree) -> Tree:
+    return jax.tree_util.tree_map(lambda a: a[None], tree)
 
 
 def masked_forward(
@@ -204,13 +253,28 @@ def masked_forward(
     names = spec.decomposition.kind_names
     static = isinstance(live, np.ndarray)
     n_layers = spec.decomposition.n_layers
-    h, ctx = _start(spec, target, tokens)
+    hook = functools.partial(
+        _global_site,
+        spec,
+        components=components,
+        ci_lower=ci_lower,
+        live=live,
+        routed=routed,
+        key=key,
+        source_scale=source_scale,
+        sources=sources,
+    )
+    lookup = hook if _global_live(spec, live, "embed_tokens") else None
+    head = hook if _global_live(spec, live, "lm_head") else None
+    h, ctx = _start(spec, target, tokens, lookup)
     first: Any = 0
     if clean_stream is not None:
+        # (the embedding's row is layer 0, the LM head's the last layer)
         if static:
             live_layers = np.flatnonzero(np.asarray(live).any(axis=1))
             first = int(live_layers[0]) if live_layers.size else n_layers
-            h = clean_stream[first]
+            if lookup is None or first > 0:
+                h = clean_stream[first]
         else:
             any_live = jnp.any(live, axis=1)
             first = jnp.where(jnp.any(any_live), jnp.argmax(any_live), n_layers)
@@ -261,7 +325,68 @@ def masked_forward(
                 # at production; docs/findings.md section 8).
                 body = jax.checkpoint(body, policy=_SAVE_SOURCES if static else None)
             h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
-    return spec.target.finish(target, h)
+    return _finish(spec, target, h, head)
+
+
+def _global_live(spec: ForwardSpec, live: jax.Array | np.ndarray, kind: str) -> bool:
+    """Whether the masked forward wires in the global site ``kind``: decomposed, and (with a
+    static ``live``) live; a traced ``live`` decides per call, inside the site."""
+    names = spec.decomposition.kind_names
+    if kind not in names:
+        return False
+    row = _global_row(spec, kind)
+    return not isinstance(live, np.ndarray) or bool(live[row, names.index(kind)])
+
+
+def _global_row(spec: ForwardSpec, kind: str) -> int:
+    """The row of a global site in ``live``/``routed`` [L, K, ...]: 0 for the embedding, the
+    last layer for the LM head (as :attr:`Decomposition.sites` places them)."""
+    return 0 if kind == "embed_tokens" else spec.decomposition.n_layers - 1
+
+
+def _global_site(
+    spec: ForwardSpec,
+    kind: str,
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    components: Mapping[str, Mapping[str, jax.Array]],
+    ci_lower: Mapping[str, jax.Array],
+    live: jax.Array | np.ndarray,
+    routed: jax.Array | None,
+    key: jax.Array,
+    source_scale: jax.Array | None,
+    sources: Mapping[str, jax.Array] | None,
+) -> jax.Array:
+    """The embedding's lookup or the LM head's matmul on the component path (a global site is
+    its kind's one member: row 0 of ``ci_lower``). ``embed_tokens``: x is
+    tokens [B, T] int and w the table [vocab, d]: ``inner = V[tokens]``, ``xw = W[tokens]``
+    (its ``live``/``routed`` row: :func:`_global_row`);
+    ``lm_head``: x [B, T, d] and w [d, vocab]."""
+    names = spec.decomposition.kind_names
+    j = names.index(kind)
+    V, U = components[kind]["V"][0], components[kind]["U"][0]
+    if kind == "embed_tokens":
+        xw = _lookup_rows(x, w).astype(V.dtype)
+        inner = _lookup_rows(x, V)
+    else:
+        xw = x @ w.astype(x.dtype)
+        inner = x @ V
+    out = component_output(
+        spec,
+        inner,
+        xw,
+        U,
+        ci_lower[kind][0],
+        source=None if sources is None else sources[kind][0],
+        key=jax.random.fold_in(key, site_id(0, kind)),
+        source_scale=source_scale,
+    )
+    row = _global_row(spec, kind)
+    route = jnp.asarray(live[row, j])
+    if routed is not None:
+        route = route & routed[row, j]
+    return jnp.where(jnp.broadcast_to(route, inner.shape[:-1])[..., None], out, xw)
 
 
 def _static_runs(first: int, seg_live: np.ndarray) -> list[tuple[int, int, tuple[bool, ...]]]:
@@ -326,16 +451,39 @@ def live_site_output(
     xs: one layer's slice of :func:`_layer_xs` (``V``, ``U``, ``ci``, ``site_id``, optionally
     ``source``); j: the kind's column in the segment; x [B, T, d_in]; xw = x@W [B, T, d_out];
     key, source_scale: as :func:`masked_forward`'s."""
-    ci = xs["ci"][kind]
+    source = xs["source"][kind] if "source" in xs else None
+    return component_output(
+        spec,
+        x @ xs["V"][kind],
+        xw,
+        xs["U"][kind],
+        xs["ci"][kind],
+        source=source,
+        key=jax.random.fold_in(key, xs["site_id"][j]),
+        source_scale=source_scale,
+    )
+
+
+def component_output(
+    spec: ForwardSpec,
+    inner: jax.Array,
+    xw: jax.Array,
+    U: jax.Array,
+    ci: jax.Array,
+    *,
+    source: jax.Array | None,
+    key: jax.Array,
+    source_scale: jax.Array | None,
+) -> jax.Array:
+    """``(inner·(m − δ))@U + δ·xw`` [B, T, d_out] from the component activations inner [B, T, C]
+    (``x@V``, or ``V[tokens]`` at a lookup site), ci [B, T, C] and a given source (or one drawn
+    from ``key``, the site's own). Without the delta component (``spec.use_delta`` false):
+    ``(inner·m)@U`` with sources of C channels (a given source's delta channel is unused)."""
     n_channels = ci.shape[-1] + (1 if spec.use_delta else 0)
-    if "source" in xs:
-        source = xs["source"][kind][..., :n_channels]
+    if source is not None:
+        source = source[..., :n_channels]
     else:
-        source = sample_source(
-            spec.sampling,
-            (*x.shape[:-1], n_channels),
-            key=jax.random.fold_in(key, xs["site_id"][j]),
-        )
+        source = sample_source(spec.sampling, (*inner.shape[:-1], n_channels), key=key)
         # Kept for the backward of a rematerialized layer (not drawn a second time there).
         source = checkpoint_name(source, SOURCE_NAME)
     if source_scale is not None:
@@ -343,10 +491,10 @@ def live_site_output(
     if not spec.use_delta:  # m = ci + (1 − ci)·r over C channels, no delta term
         clipped = unit_clip(ci)
         m = clipped + (1 - clipped) * source.astype(clipped.dtype)
-        return ((x @ xs["V"][kind]) * m.astype(x.dtype)) @ xs["U"][kind]
+        return (inner * m.astype(inner.dtype)) @ U
     m, delta = masks(ci, source)
-    inner = (x @ xs["V"][kind]) * (m - delta[..., None]).astype(x.dtype)
-    return inner @ xs["U"][kind] + delta[..., None].astype(x.dtype) * xw
+    inner = inner * (m - delta[..., None]).astype(inner.dtype)
+    return inner @ U + delta[..., None].astype(inner.dtype) * xw
 
 
 def _masked_body(

@@ -4,6 +4,14 @@ A site is named ``layers.{i}.self_attn.{q,k,v,o}_proj`` or ``layers.{i}.mlp.{gat
 Patterns are fnmatch-style (``*``, ``?``, ``[4-9]``) over those names. Canonical order is layer
 ascending, then q, k, v, o, gate, up, down.
 
+Language-model targets also have two sites outside the layer stack (:data:`GLOBAL_KINDS`):
+``embed_tokens`` (the token embedding [vocab, d], decomposed as a lookup into V's rows: a token's
+component activations are ``V[token]``, as spd decomposes an ``nn.Embedding``) and ``lm_head``
+(the unembedding [d, vocab]; with tied embeddings the transposed table). Each is named by its kind
+alone, is the one member of its own kind (a stack of one, ``layers == (0,)``), and covers no
+segment: the forwards apply it before and after the layer loop. Canonical order puts
+``embed_tokens`` first and ``lm_head`` last.
+
 Each decomposed kind stacks its V/U over the layers it covers, in layer order. The layer loop runs
 as a few *segments*: maximal runs of consecutive layers that the same set of kinds covers. Inside a
 segment every covered kind covers every layer, so the segment reads contiguous static slices of
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -23,12 +32,15 @@ from pd_train.models.llama_config import LlamaConfig
 from pd_train.targets.base import Target, as_target
 
 __all__ = [
+    "GLOBAL_KINDS",
     "Decomposition",
     "KindLayout",
     "Segment",
     "Site",
     "build_decomposition",
+    "global_site_shapes",
     "site_name",
+    "site_weights",
 ]
 
 _MODULE = {
@@ -42,9 +54,17 @@ _MODULE = {
 }
 
 
+#: Sites outside the layer stack: the token embedding (a lookup, applied before layer 0) and the
+#: LM head (a matmul after the final norm), each one member of its own kind.
+GLOBAL_KINDS = ("embed_tokens", "lm_head")
+
+
 def site_name(layer: int, kind: str) -> str:
-    """``site_name(3, "down_proj") == "layers.3.mlp.down_proj"``; a kind that is not Llama's
+    """``site_name(0, "embed_tokens") == "embed_tokens"`` (a global kind: named by its kind);
+    ``site_name(3, "down_proj") == "layers.3.mlp.down_proj"``; a kind that is not Llama's
     (a toy target's) is named ``layers.{layer}.{kind}``: ``site_name(0, "W") == "layers.0.W"``."""
+    if kind in GLOBAL_KINDS:
+        return kind
     if kind not in _MODULE:
         return f"layers.{layer}.{kind}"
     return f"layers.{layer}.{_MODULE[kind]}.{kind}"
@@ -108,27 +128,38 @@ class Decomposition:
         raise KeyError(msg)
 
     @property
+    def layer_kinds(self) -> tuple[KindLayout, ...]:
+        """The kinds inside the layer stack (every kind but :data:`GLOBAL_KINDS`)."""
+        return tuple(k for k in self.kinds if k.kind not in GLOBAL_KINDS)
+
+    def has(self, kind: str) -> bool:
+        return kind in self.kind_names
+
+    @property
     def sites(self) -> tuple[Site, ...]:
-        """Every decomposed site in canonical order."""
-        out = []
+        """Every decomposed site in canonical order (``embed_tokens`` first, ``lm_head`` last).
+        A global site's ``layer`` is the row it takes in per-layer tables such as a forward's
+        ``live`` [L, K]: 0 for ``embed_tokens`` (it acts before layer 0), L − 1 for ``lm_head``
+        (after the last layer); its ``index`` in its stack is 0."""
+
+        def one(kind: str, layer: int) -> Site:
+            index = 0 if kind in GLOBAL_KINDS else self.kind(kind).slot(layer)
+            return Site(name=site_name(layer, kind), layer=layer, kind=kind, index=index)
+
+        out = [one("embed_tokens", 0)] if self.has("embed_tokens") else []
         for layer in range(self.n_layers):
-            for layout in self.kinds:
-                if layer in layout.layers:
-                    out.append(
-                        Site(
-                            name=site_name(layer, layout.kind),
-                            layer=layer,
-                            kind=layout.kind,
-                            index=layout.slot(layer),
-                        )
-                    )
+            out += [one(k.kind, layer) for k in self.layer_kinds if layer in k.layers]
+        if self.has("lm_head"):
+            out.append(one("lm_head", self.n_layers - 1))
         return tuple(out)
 
     @property
     def segments(self) -> tuple[Segment, ...]:
         segments: list[Segment] = []
         for layer in range(self.n_layers):
-            covered = tuple(k.kind for k in self.kinds if layer in k.layers)
+            covered = tuple(
+                k.kind for k in self.kinds if k.kind not in GLOBAL_KINDS and layer in k.layers
+            )
             if segments and segments[-1].kinds == covered and segments[-1].stop == layer:
                 last = segments[-1]
                 segments[-1] = attrs.evolve(last, stop=layer + 1)
@@ -154,9 +185,16 @@ def build_decomposition(
     """
     arch = as_target(model)
     n_layers = arch.n_layers
+    shapes = arch.site_shapes()
+    globals_ = global_site_shapes(arch)
+    shapes.update(globals_)
     names = [
         (layer, kind, site_name(layer, kind)) for layer in range(n_layers) for kind in arch.kinds
     ]
+    if "embed_tokens" in globals_:
+        names.insert(0, (0, "embed_tokens", "embed_tokens"))
+    if "lm_head" in globals_:
+        names.append((0, "lm_head", "lm_head"))
     owner: dict[str, int] = {}
     problems: list[tuple[str, str]] = []
     for i, target in enumerate(targets):
@@ -164,10 +202,11 @@ def build_decomposition(
         hits = [name for _, _, name in names if fnmatch.fnmatchcase(name, target.module_pattern)]
         if not hits:
             first, last = arch.kinds[0], arch.kinds[-1]
+            extra = "".join(f", {k!r}" for k in globals_)
             msg = (
                 f"{target.module_pattern!r} matches no site; sites are named like "
                 f"{site_name(0, first)!r} or {site_name(n_layers - 1, last)!r}"
-                f" (layers 0..{n_layers - 1})"
+                f" (layers 0..{n_layers - 1}){extra}"
             )
             problems.append((where, msg))
         for name in hits:
@@ -184,9 +223,9 @@ def build_decomposition(
     if problems:
         raise ConfigError(problems)
 
-    shapes = arch.site_shapes()
     kinds: list[KindLayout] = []
-    for kind in arch.kinds:
+    for kind in (*[k for k in globals_ if k == "embed_tokens"], *arch.kinds,
+                 *[k for k in globals_ if k == "lm_head"]):  # fmt: skip
         matched = [(layer, owner[name]) for layer, k, name in names if k == kind and name in owner]
         if not matched:
             continue
@@ -209,3 +248,23 @@ def build_decomposition(
             )
         )
     return Decomposition(n_layers=n_layers, kinds=tuple(kinds))
+
+
+def global_site_shapes(target: Target) -> dict[str, tuple[int, int]]:
+    """``(d_in, d_out)`` of the target's sites outside the layer stack (``{}`` for a target
+    without them, e.g. a toy's): ``embed_tokens`` (vocab, d) and ``lm_head`` (d, vocab)."""
+    fn = getattr(target, "global_site_shapes", None)
+    return dict(fn()) if fn is not None else {}
+
+
+def site_weights(target: Target, params: Any, decomposition: Decomposition) -> dict[str, Any]:
+    """The frozen weight stacks the components approximate, by kind: ``params["layers"][k]``
+    [L, d_in, d_out] for a layer kind and ``[1, d_in, d_out]`` for a global one (the
+    embedding table; the LM head, which with tied embeddings is the table transposed, the same
+    frozen array read twice). What faithfulness compares V@U with."""
+    out = dict(params["layers"])
+    if any(k.kind in GLOBAL_KINDS for k in decomposition.kinds):
+        for kind, w in target.global_weights(params).items():  # type: ignore[attr-defined]
+            if decomposition.has(kind):
+                out[kind] = w[None]
+    return out

@@ -54,7 +54,7 @@ from typing import Any
 import attrs
 
 from pd_train.config import PDConfig
-from pd_train.decomposition import Decomposition, build_decomposition
+from pd_train.decomposition import GLOBAL_KINDS, Decomposition, build_decomposition
 from pd_train.models.llama_config import LlamaConfig
 
 __all__ = [
@@ -88,7 +88,6 @@ ADAM_FLOPS_PER_PARAM = 14
 #: attention input (0), o the attention output (1), gate/up the MLP input (2), down (3).
 _STAGES = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 2,
            "down_proj": 3}  # fmt: skip
-_KINDS = tuple(_STAGES)
 
 
 @attrs.frozen(kw_only=True)
@@ -209,19 +208,30 @@ class _Acc:
         )
 
 
-def _site_dims(model: LlamaConfig) -> dict[str, tuple[int, int]]:
-    d, ff = model.hidden_size, model.intermediate_size
-    hd = model.head_dim or d // model.num_attention_heads
-    q, kv = model.num_attention_heads * hd, model.num_key_value_heads * hd
-    return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
-            "gate_proj": (d, ff), "up_proj": (d, ff), "down_proj": (ff, d)}  # fmt: skip
+def _is_lm(model: Any) -> bool:
+    """An LM architecture the census counts: a Llama-family ``LlamaConfig`` (Llama, Qwen2,
+    Qwen3) or a ``GPT2Config`` (its kinds are Llama's names without ``gate_proj``)."""
+    from pd_train.models.gpt2 import GPT2Config
+
+    return isinstance(model, LlamaConfig | GPT2Config)
 
 
-def _clean_forward(acc: _Acc, model: LlamaConfig, b: int, t: int) -> None:
+def _site_dims(model: Any) -> dict[str, tuple[int, int]]:
+    """``(d_in, d_out)`` of each of the target's kinds, in canonical order."""
+    from pd_train.targets.base import as_target
+
+    return as_target(model).site_shapes()
+
+
+def _head_dim(model: Any) -> int:
+    return _site_dims(model)["q_proj"][1] // model.num_attention_heads
+
+
+def _clean_forward(acc: _Acc, model: Any, b: int, t: int) -> None:
     dims = _site_dims(model)
     n, L = b * t, model.num_hidden_layers
-    hd = model.head_dim or model.hidden_size // model.num_attention_heads
-    for kind in _KINDS:
+    hd = _head_dim(model)
+    for kind in dims:
         d_in, d_out = dims[kind]
         acc.mm(n, d_in, d_out, term="clean", part="frozen", kind=kind, dx=False, dw=False, times=L)
     acc.attention(b, t, model.num_attention_heads, hd, term="clean", part="attention", grad=False,
@@ -231,7 +241,7 @@ def _clean_forward(acc: _Acc, model: LlamaConfig, b: int, t: int) -> None:
 
 def _masked_forward(
     acc: _Acc,
-    model: LlamaConfig,
+    model: Any,
     decomposition: Decomposition,
     live: set[tuple[int, str]],
     b: int,
@@ -248,22 +258,35 @@ def _masked_forward(
         return
     dims = _site_dims(model)
     n = b * t
-    hd = model.head_dim or model.hidden_size // model.num_attention_heads
-    first = min(layer for layer, _ in live)
-    first_stage = min(_STAGES[k] for layer, k in live if layer == first)
+    hd = _head_dim(model)
+    kw0: dict[str, Any] = {"term": term, "phase": phase, "times": times}
     grad = False  # whether the residual stream carries a gradient at this point
+    live_kinds = {k for _, k in live}
+    in_stack = [(layer, k) for layer, k in live if k not in GLOBAL_KINDS]
+    if "embed_tokens" in live_kinds:
+        # V[tokens] is a row lookup (no matmul); (V[tokens]·m) @ U: fwd, d(inner), dU. Every
+        # layer after it is recomputed and carries a gradient.
+        c = decomposition.kind("embed_tokens").C
+        acc.mm(n, c, model.hidden_size, part="live", kind="embed_tokens", dx=True, dw=train, **kw0)
+        first, first_stage, grad = 0, 0, True
+    else:
+        # The LM head's row is the last layer: the masked forward starts there at the latest.
+        starts = [(layer, _STAGES[k]) for layer, k in in_stack]
+        if "lm_head" in live_kinds:
+            starts.append((model.num_hidden_layers - 1, 0))
+        first, first_stage = min(starts)
     for layer in range(first, model.num_hidden_layers):
         for stage in range(4):
             if layer == first and stage < first_stage:
                 continue  # equal to the clean forward up to the first live site
-            kinds = [k for k in _KINDS if _STAGES[k] == stage]
+            kinds = [k for k in dims if _STAGES[k] == stage]
             any_live = False
             for kind in kinds:
                 d_in, d_out = dims[kind]
                 kw: dict[str, Any] = {"term": term, "kind": kind, "phase": phase, "times": times}
                 # x@W at the first live site's stage reads the clean input: the clean forward
                 # computed it already.
-                clean_xw = layer == first and stage == first_stage
+                clean_xw = layer == first and stage == first_stage and not grad
                 if (layer, kind) in live:
                     any_live = True
                     c = decomposition.kind(kind).C
@@ -277,8 +300,12 @@ def _masked_forward(
             if stage == 0:
                 acc.attention(b, t, model.num_attention_heads, hd, term=term, part="attention",
                               grad=grad, phase=phase, times=times)  # fmt: skip
-    acc.mm(n, model.hidden_size, model.vocab_size, term=term, part="lm_head", dx=grad, dw=False,
-           phase=phase, times=times)  # fmt: skip
+    d, v = model.hidden_size, model.vocab_size
+    acc.mm(n, d, v, term=term, part="lm_head", dx=grad, dw=False, phase=phase, times=times)
+    if "lm_head" in live_kinds:
+        c = decomposition.kind("lm_head").C
+        acc.mm(n, d, c, part="live", kind="lm_head", dx=grad, dw=train, **kw0)
+        acc.mm(n, c, v, part="live", kind="lm_head", dx=True, dw=train, **kw0)
 
 
 @attrs.define(kw_only=True)
@@ -292,7 +319,7 @@ class CensusContext:
     decomposition: Decomposition
     batch_size: int
     seq_len: int
-    model: LlamaConfig | None = None
+    model: Any = None
 
     @property
     def tokens(self) -> int:
@@ -347,19 +374,23 @@ def _live_sets(
     return [{(sites[i].layer, sites[i].kind) for i in chunk} for chunk in chunks]
 
 
-def step_census(model: LlamaConfig, pd: PDConfig, *, seq_len: int) -> Census:
+def step_census(model: Any, pd: PDConfig, *, seq_len: int) -> Census:
     """The useful FLOPs of one train step of ``pd`` on ``model`` with batches [pd.batch_size,
     seq_len] (see the module docstring for what counts): the clean forward and CI function when
     a term needs CI, each term's own count (:meth:`pd_train.losses.LossTerm.flops`), the
-    optimizers."""
+    optimizers. ``model``: a Llama-family or GPT-2 architecture, or one whose registered kind
+    has its own ``census``; TypeError for any other."""
     from pd_train.losses import loss_term
 
-    if not isinstance(model, LlamaConfig):  # another registered kind may count its own
+    if not _is_lm(model):  # another registered kind may count its own
         from pd_train.targets import kind_of
 
         kind = kind_of(model)
         if kind is None or kind.census is None:
-            msg = f"step_census counts Llama-family targets only, not {type(model).__name__}"
+            msg = (
+                "step_census counts Llama-family and GPT-2 targets (or a kind with its own "
+                f"census), not {type(model).__name__}"
+            )
             raise TypeError(msg)
         return kind.census(model, pd, seq_len=seq_len)  # type: ignore[no-any-return]
     decomposition = build_decomposition(model, pd.decomposition_targets)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import attrs
 import jax
@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 import pd_init
+from pd_train._config_io import ConfigError
 from pd_train.decomposition import Decomposition, KindLayout, site_name
 
 __all__ = [
@@ -136,6 +137,10 @@ class SiteCIFunction:
     scan through ``clean.run``. Subclasses define :meth:`param_specs` and :meth:`site_fn`."""
 
     remat: bool
+    #: Whether the function reads a site only through its component activations x@V (then a
+    #: lookup site, ``embed_tokens``, serves it with ``V[tokens]``); False: it reads the site
+    #: input x itself, which a lookup site does not have as a vector.
+    reads_inner_only: ClassVar[bool] = False
 
     def param_specs(self, layout: KindLayout) -> dict[str, ParamSpec]:
         """Per-site parameters of one kind (stacked to ``[n_k, *shape]``)."""
@@ -167,7 +172,13 @@ class SiteCIFunction:
         return {}
 
     def check(self, decomposition: Decomposition, *, path: str = "pd.ci") -> None:
-        del decomposition, path
+        if "embed_tokens" in decomposition.kind_names and not self.reads_inner_only:
+            msg = (
+                f"{type(self).__name__} reads each site's input x, but embed_tokens is a lookup "
+                "into V's rows (its input is a token id, not a vector); decompose embed_tokens "
+                "with pd.ci.type: mlp (it reads x@V = V[token]), or leave it out"
+            )
+            raise ConfigError([(f"{path}.type", msg)])
 
     def causal_importance(
         self,
@@ -183,6 +194,14 @@ class SiteCIFunction:
 
         site_xs = {k: {"params": params[k], "V": components[k]["V"]} for k in params}
         return clean.run(site_fn, site_xs)
+
+
+def site_inner(x: jax.Array, V: jax.Array) -> jax.Array:
+    """A site's component activations [B, T, C]: ``x @ V`` (x [B, T, d_in]), or ``V[x]`` at a
+    lookup site (x: tokens [B, T] int, V [vocab, C])."""
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.take(V, x, axis=0)
+    return x @ V
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:

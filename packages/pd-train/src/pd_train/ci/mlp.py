@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import jax
 import jax.numpy as jnp
 
 import pd_init
-from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun
+from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun, site_inner
 from pd_train.ci._registry import CIType, register_ci_type
 from pd_train.config import MLPCI
 from pd_train.decomposition import KindLayout
@@ -66,6 +66,7 @@ class MLPCIFunction(SiteCIFunction):
 
     hidden_dims: tuple[int, ...]
     remat: bool = False
+    reads_inner_only: ClassVar[bool] = True
 
     def param_specs(self, layout: KindLayout) -> dict[str, ParamSpec]:
         return component_mlp_specs(layout.C, self.hidden_dims, w0_in=(), w0_fan_in=1)
@@ -77,7 +78,7 @@ class MLPCIFunction(SiteCIFunction):
         return component_mlp_rest(params, h, len(self.hidden_dims))
 
     def site_fn(self, params: Mapping[str, jax.Array], x: jax.Array, V: jax.Array) -> jax.Array:
-        return self.site_apply(params, x @ V)
+        return self.site_apply(params, site_inner(x, V))
 
 
 def component_mlp_flops(
@@ -95,8 +96,9 @@ def component_mlp_flops(
     acc = census.acc
     if on_x:  # per component d_in -> h0 on x
         acc.mm(n * layout.C, layout.d_in, hidden[0], dx=False, dw=True, **kw)
-    else:  # x@V, then per component 1 -> h0 (elementwise)
-        acc.mm(n, layout.d_in, layout.C, dx=False, dw=True, **kw)
+    else:  # x@V (a row lookup at embed_tokens: no matmul), then per component 1 -> h0
+        if layout.kind != "embed_tokens":
+            acc.mm(n, layout.d_in, layout.C, dx=False, dw=True, **kw)
         acc.mm(n * layout.C, 1, hidden[0], dx=True, dw=True, **kw)
     for a, c in itertools.pairwise(hidden):
         acc.mm(n * layout.C, a, c, dx=True, dw=True, **kw)

@@ -57,7 +57,7 @@ from pd_train._config_io import ConfigError
 from pd_train.ci._base import CIArray, CleanRun, gelu, he, lecun, rms_normalize
 from pd_train.ci._registry import CIType, register_ci_type
 from pd_train.config import ChunkwiseTransformerCI, GlobalTransformerCI
-from pd_train.decomposition import Decomposition, site_name
+from pd_train.decomposition import GLOBAL_KINDS, Decomposition, site_name
 from pd_train.losses.chunk_vjp import scan_map
 from pd_train.models import llama
 
@@ -161,7 +161,16 @@ class TransformerCIFunction:
     # ------------------------------------------------------------------ the interface
     def check(self, decomposition: Decomposition, *, path: str = "pd.ci") -> None:
         """Chunkwise: ``blocks_per_chunk`` divides the decomposed layers and every decomposed
-        layer has the same decomposed kinds (chunks must be uniform to stack)."""
+        layer has the same decomposed kinds (chunks must be uniform to stack). Neither reads
+        the sites outside the layer stack (``embed_tokens``, ``lm_head``)."""
+        outside = [k for k in decomposition.kind_names if k in GLOBAL_KINDS]
+        if outside:
+            msg = (
+                f"the transformer CI functions read residual taps of the decomposed layers and "
+                f"cannot serve {outside} (sites outside the layer stack); use pd.ci.type mlp, "
+                "shared_mlp or vector_mlp (mlp only for embed_tokens), or leave them out"
+            )
+            raise ConfigError([(f"{path}.type", msg)])
         if self.blocks_per_chunk is None:
             return
         problems = []

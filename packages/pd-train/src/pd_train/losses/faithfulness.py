@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train.config import Faithfulness
-from pd_train.decomposition import Decomposition
+from pd_train.decomposition import Decomposition, site_weights
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ class FaithfulnessTerm(LossTerm):
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         del config, plan, hp, key
         decomposition = inputs.spec.decomposition
-        return faithfulness(inputs.target["layers"], inputs.params["components"], decomposition), {}
+        weights = site_weights(inputs.spec.target, inputs.target, decomposition)
+        return faithfulness(weights, inputs.params["components"], decomposition), {}
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del plan

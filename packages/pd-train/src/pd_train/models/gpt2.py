@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from pd_train._config_io import FieldValueError
-from pd_train.models.llama import Linear, attention
+from pd_train.models.llama import Linear, Lookup, _frozen_lookup, attention
 
 __all__ = ["KINDS", "GPT2Config", "decoder_layer", "embed", "forward", "init_params", "unembed"]
 
@@ -209,19 +209,26 @@ def decoder_layer(
     return h + site("down_proj", _gelu(site("up_proj", x), config.activation_function))
 
 
-def embed(params: Params, tokens: jax.Array, dtype: Any = None) -> jax.Array:
-    """tokens [B, T] -> wte[tokens] + wpe[0..T-1]: [B, T, d] (in ``dtype``, default wte's)."""
+def embed(
+    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = _frozen_lookup
+) -> jax.Array:
+    """tokens [B, T] -> wte[tokens] + wpe[0..T-1]: [B, T, d] (in ``dtype``, default wte's);
+    the wte lookup goes through ``lookup("embed_tokens", tokens, wte)`` (positions never do)."""
     table = params["embed_tokens"]
     dtype = dtype or table.dtype
     positions = params["embed_positions"][: tokens.shape[1]]
-    return (jnp.take(table, tokens, axis=0) + positions[None]).astype(dtype)
+    rows = lookup("embed_tokens", tokens, table)
+    return (rows + positions[None]).astype(dtype)
 
 
-def unembed(params: Params, h: jax.Array, config: GPT2Config) -> jax.Array:
-    """ln_f and the LM head (wte transposed when tied): h [B, T, d] -> logits [B, T, vocab]."""
+def unembed(
+    params: Params, h: jax.Array, config: GPT2Config, linear: Linear = _frozen_linear
+) -> jax.Array:
+    """ln_f and the LM head (wte transposed when tied): h [B, T, d] -> logits [B, T, vocab];
+    the head's matmul goes through ``linear("lm_head", x, head)``."""
     x = layer_norm(h, params["norm"], params["norm_bias"], config.layer_norm_epsilon)
     head = params["embed_tokens"].T if config.tie_word_embeddings else params["lm_head"]
-    return x @ head.astype(x.dtype)
+    return linear("lm_head", x, head)
 
 
 def forward(

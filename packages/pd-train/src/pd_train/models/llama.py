@@ -270,17 +270,33 @@ def _projection(
     return y
 
 
-def embed(params: Params, tokens: jax.Array, dtype: Any = None) -> jax.Array:
-    """tokens [B, T] int -> residual stream [B, T, hidden] (in ``dtype``, default the table's)."""
+#: ``lookup(kind, tokens [B, T] int, table [vocab, d]) -> rows [B, T, d]``: the embedding's hook.
+Lookup = Callable[[str, jax.Array, jax.Array], jax.Array]
+
+
+def _frozen_lookup(kind: str, tokens: jax.Array, table: jax.Array) -> jax.Array:
+    del kind
+    return jnp.take(table, tokens, axis=0)
+
+
+def embed(
+    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = _frozen_lookup
+) -> jax.Array:
+    """tokens [B, T] int -> residual stream [B, T, hidden] (in ``dtype``, default the table's);
+    the row lookup goes through ``lookup("embed_tokens", tokens, table)``."""
     table = params["embed_tokens"]
-    return jnp.take(table, tokens, axis=0).astype(dtype or table.dtype)
+    dtype = dtype or table.dtype
+    return lookup("embed_tokens", tokens, table).astype(dtype)
 
 
-def unembed(params: Params, h: jax.Array, config: LlamaConfig) -> jax.Array:
-    """Final norm and LM head: h [B, T, hidden] -> logits [B, T, vocab] (in h's dtype)."""
+def unembed(
+    params: Params, h: jax.Array, config: LlamaConfig, linear: Linear = _frozen_linear
+) -> jax.Array:
+    """Final norm and LM head: h [B, T, hidden] -> logits [B, T, vocab] (in h's dtype); the
+    head's matmul goes through ``linear("lm_head", x, head)``."""
     x = rms_norm(h, params["norm"], config.rms_norm_eps)
     head = params["embed_tokens"].T if config.tie_word_embeddings else params["lm_head"]
-    return x @ head.astype(x.dtype)
+    return linear("lm_head", x, head)
 
 
 def forward(

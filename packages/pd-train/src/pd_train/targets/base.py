@@ -12,7 +12,14 @@ The forward is split in three so the layer loop (scan, copy/frozen/live switch, 
 generic: ``start(params, inputs, dtype) -> (h, ctx)`` (the stream entering layer 0 and static
 context every layer reads, e.g. rotary tables); ``layer(h, layer_params, ctx, linear) -> h`` (one
 layer; every decomposed matmul goes through ``linear(kind, x, w)``, None: ``x @ w``);
-``finish(params, h) -> output``. ``output_loss`` names how the recon loss compares a masked
+``finish(params, h) -> output``.
+
+A language-model target may also have sites outside the layer stack
+(:data:`pd_train.decomposition.GLOBAL_KINDS`): it then defines ``global_site_shapes()``
+(``{"embed_tokens": (vocab, d), "lm_head": (d, vocab)}``) and ``global_weights(params)`` (the
+frozen matrices), and its ``start`` takes ``lookup(kind, tokens, table) -> rows`` (the
+embedding's row lookup) and its ``finish`` a ``linear`` (the LM head's matmul), as ``layer``
+takes ``linear``. ``output_loss`` names how the recon loss compares a masked
 output with the clean one: ``"kl"`` (logits, KL(clean ‖ masked) over the last axis) or
 ``"mse"`` (activations, mean squared error).
 
@@ -27,10 +34,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import jax
 
-__all__ = ["Linear", "Target", "as_target"]
+__all__ = ["Linear", "Lookup", "Target", "as_target"]
 
 #: ``linear(kind, x [..., d_in], w [d_in, d_out]) -> [..., d_out]``.
 Linear = Callable[[str, jax.Array, jax.Array], jax.Array]
+
+#: ``lookup(kind, tokens [B, T] int, table [vocab, d]) -> rows [B, T, d]``.
+Lookup = Callable[[str, jax.Array, jax.Array], jax.Array]
 
 
 @runtime_checkable

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from pd_train.models import gpt2, hf
 from pd_train.models.gpt2 import GPT2Config
 from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
-from pd_train.targets.base import Linear
+from pd_train.targets.base import Linear, Lookup
 from pd_train.targets.registry import TargetKind, register_target
 
-__all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig"]
+__all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig", "gpt2_census"]
 
 
 @attrs.frozen(kw_only=True)
@@ -48,11 +48,27 @@ class GPT2Target:
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         return self.config.site_shapes()
 
+    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
+        """The sites outside the layer stack: ``embed_tokens`` (a lookup into its rows) and
+        ``lm_head`` (with tied embeddings: the table transposed)."""
+        d, v = self.config.n_embd, self.config.vocab_size
+        return {"embed_tokens": (v, d), "lm_head": (d, v)}
+
+    def global_weights(self, params: Any) -> dict[str, jax.Array]:
+        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
+        table = params["embed_tokens"]
+        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
+        return {"embed_tokens": table, "lm_head": head}
+
     def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
         return gpt2.init_params(self.config, key=key, dtype=dtype)
 
-    def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
-        return gpt2.embed(params, inputs, dtype), None
+    def start(
+        self, params: Any, inputs: jax.Array, dtype: Any, lookup: Lookup | None = None
+    ) -> tuple[jax.Array, Any]:
+        if lookup is None:
+            return gpt2.embed(params, inputs, dtype), None
+        return gpt2.embed(params, inputs, dtype, lookup), None
 
     def layer(
         self,
@@ -66,8 +82,10 @@ class GPT2Target:
             return gpt2.decoder_layer(h, layer_params, self.config)
         return gpt2.decoder_layer(h, layer_params, self.config, linear)
 
-    def finish(self, params: Any, h: jax.Array) -> jax.Array:
-        return gpt2.unembed(params, h, self.config)
+    def finish(self, params: Any, h: jax.Array, linear: Linear | None = None) -> jax.Array:
+        if linear is None:
+            return gpt2.unembed(params, h, self.config)
+        return gpt2.unembed(params, h, self.config, linear)
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +116,14 @@ def _load(config: GPT2TargetConfig, checkpoint: Path, *, shardings: Any, dtype: 
     )[1]
 
 
+def gpt2_census(model: GPT2Config, pd: Any, *, seq_len: int) -> Any:
+    """The FLOP census of one step (:func:`pd_train.flops.step_census`): GPT-2's six kinds
+    counted as Llama's are (biases, LayerNorms and the position table are elementwise)."""
+    from pd_train.flops import step_census
+
+    return step_census(model, pd, seq_len=seq_len)
+
+
 GPT2 = register_target(
     TargetKind(
         name="gpt2",
@@ -109,5 +135,6 @@ GPT2 = register_target(
         shardings=lambda model, layout, params: hf_shardings(
             layout, params, hidden_size=model.n_embd
         ),
+        census=gpt2_census,
     )
 )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from pd_train.models import llama
 from pd_train.models.llama_config import LLAMA_PRESETS, LlamaConfig
 from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
-from pd_train.targets.base import Linear
+from pd_train.targets.base import Linear, Lookup
 from pd_train.targets.registry import TargetKind, register_target
 
 __all__ = ["LLAMA", "LlamaTarget", "LlamaTargetConfig", "llama_census", "llama_shardings"]
@@ -45,11 +45,29 @@ class LlamaTarget:
     def site_shapes(self) -> dict[str, tuple[int, int]]:
         return self.config.site_shapes()
 
+    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
+        """The sites outside the layer stack: ``embed_tokens`` (a lookup into its rows) and
+        ``lm_head`` (with tied embeddings: the table transposed)."""
+        d, v = self.config.hidden_size, self.config.vocab_size
+        return {"embed_tokens": (v, d), "lm_head": (d, v)}
+
+    def global_weights(self, params: Any) -> dict[str, jax.Array]:
+        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
+        table = params["embed_tokens"]
+        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
+        return {"embed_tokens": table, "lm_head": head}
+
     def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
         return llama.init_params(self.config, key=key, dtype=dtype)
 
-    def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
-        h = llama.embed(params, inputs, dtype)
+    def start(
+        self, params: Any, inputs: jax.Array, dtype: Any, lookup: Lookup | None = None
+    ) -> tuple[jax.Array, Any]:
+        h = (
+            llama.embed(params, inputs, dtype)
+            if lookup is None
+            else llama.embed(params, inputs, dtype, lookup)
+        )
         return h, llama.rope_cos_sin(self.config, inputs.shape[1], dtype)
 
     def layer(
@@ -64,8 +82,10 @@ class LlamaTarget:
             return llama.decoder_layer(h, layer_params, cos, sin, self.config)
         return llama.decoder_layer(h, layer_params, cos, sin, self.config, linear)
 
-    def finish(self, params: Any, h: jax.Array) -> jax.Array:
-        return llama.unembed(params, h, self.config)
+    def finish(self, params: Any, h: jax.Array, linear: Linear | None = None) -> jax.Array:
+        if linear is None:
+            return llama.unembed(params, h, self.config)
+        return llama.unembed(params, h, self.config, linear)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pd_sharding
 from pd_train.config import (
     PDConfig,
 )
-from pd_train.decomposition import Decomposition
+from pd_train.decomposition import Decomposition, site_weights
 from pd_train.losses import (
     faithfulness,
 )
@@ -30,6 +30,7 @@ class TrainerWarmup:
 
     pd: PDConfig
     decomposition: Decomposition
+    forward_spec: Any
     layout: Any
     _warmup_tx: optax.GradientTransformation
     _warmup_step: Any
@@ -56,7 +57,8 @@ class TrainerWarmup:
         same structure as ``_warmup_tx``'s)."""
 
         def loss(c: Any) -> jax.Array:
-            return faithfulness(target["layers"], tie_components(c, self.ties), self.decomposition)
+            weights = site_weights(self.forward_spec.target, target, self.decomposition)
+            return faithfulness(weights, tie_components(c, self.ties), self.decomposition)
 
         value, grads = jax.value_and_grad(loss)(components)
         updates, opt_state = self._warmup_optimizer(lr, weight_decay).update(
