@@ -19,6 +19,7 @@ from pd_train.config import (
     DecompositionTarget,
     Faithfulness,
     FaithfulnessWarmup,
+    FrequencyPenalty,
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
@@ -58,7 +59,7 @@ def _pd(**overrides: Any) -> PDConfig:
                 pnorm_end=1.0,
                 anneal_end_frac=0.5,
                 eps=1e-6,
-                frequency_coeff=1e-2,
+                frequency=FrequencyPenalty(coeff=1e-5),
             ),
             StochasticRecon(coeff=1.0),
             PGDRecon(coeff=0.5, n_steps=1, step_size=0.1),
@@ -114,8 +115,7 @@ VALUE_CHANGES = {
         anneal_start_frac=0.1,
         anneal_end_frac=0.9,
         eps=1e-5,
-        frequency_coeff=3e-2,
-        reference_token_count=1000,
+        frequency=FrequencyPenalty(coeff=3e-5, reference_token_count=1000),
     ),
     "pd.loss_metrics[3].step_size": lambda pd: _term(pd, 3, step_size=0.3),
     "pd.loss_metrics[4] coeff, optimizer lr, warmup, final, betas, eps": lambda pd: _term(
@@ -138,7 +138,7 @@ STRUCTURAL_CHANGES = {
     "C": lambda pd: attrs.evolve(
         pd, decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.*", C=5),)
     ),
-    "frequency_coeff 0 (the term is left out)": lambda pd: _term(pd, 1, frequency_coeff=0.0),
+    "frequency null (the term is left out)": lambda pd: _term(pd, 1, frequency=None),
     "pgd n_steps": lambda pd: _term(pd, 3, n_steps=2),
     "stochastic n_samples": lambda pd: _term(pd, 2, n_samples=2),
 }

@@ -13,7 +13,7 @@ classified here):
   changing one loads every program from the compile cache; :data:`CONSTANT_VALUE_FIELDS`
   lists the few that are still trace-time constants of some program.
   Some values are structural at one point (``switch``): ``null`` turns clipping off, ``0``
-  drops the frequency term; crossing that point recompiles.
+  drops a warmup; crossing that point recompiles.
 * **outside** — never reaches a compiled program: names, paths, cadences, the compile cache's
   own settings, SLURM, tracking.
 
@@ -207,19 +207,29 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group(
             "value",
-            "importance minimality's p, its anneal window, eps and the frequency term's a",
+            "importance minimality's p, its anneal window and eps",
             f"{_IMP}.pnorm_start",
             f"{_IMP}.pnorm_end",
             f"{_IMP}.anneal_start_frac",
             f"{_IMP}.anneal_end_frac",
             f"{_IMP}.eps",
-            f"{_IMP}.reference_token_count",
         ),
         *_group(
             "value",
-            "the frequency term's weight (0 leaves the term out)",
+            "the frequency term's own weight and its a (reference token count)",
+            f"{_IMP}.frequency.coeff",
+            f"{_IMP}.frequency.reference_token_count",
+        ),
+        *_group(
+            "structural",
+            "whether importance minimality has a frequency term (null: not)",
+            f"{_IMP}.frequency",
+        ),
+        *_group(
+            "outside",
+            "retired (refused with how to convert: the old frequency term nested in coeff)",
             f"{_IMP}.frequency_coeff",
-            switch="zero",
+            f"{_IMP}.reference_token_count",
         ),
         *_group("value", "a PGD ascent's step size", f"{_PGD}.step_size", "pd.eval_pgd.step_size"),
         *_group(

@@ -33,6 +33,7 @@ from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
     annealed_pnorm,
     importance_minimality,
+    importance_terms,
     l0,
     pnorm_at,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "chunkwise_plan",
     "faithfulness",
     "importance_minimality",
+    "importance_terms",
     "kl_clean_masked",
     "l0",
     "loss_term",
