@@ -33,8 +33,8 @@ __all__ = [
     "DecompositionTarget",
     "Faithfulness",
     "FaithfulnessWarmup",
-    "GlobalTransformerCI",
     "FrequencyPenalty",
+    "GlobalTransformerCI",
     "ImportanceMinimality",
     "LaunchEnvConfig",
     "LossMetric",
@@ -51,6 +51,7 @@ __all__ = [
     "RuntimeConfig",
     "SharedMLPCI",
     "StochasticRecon",
+    "SubsetRecon",
     "VectorMLPCI",
     "check_pd_config",
     "ci_config_problems",
@@ -309,6 +310,19 @@ class ChunkwiseSubsetRecon(LossMetric):
     type: Literal["chunkwise_subset_recon"] = "chunkwise_subset_recon"
     coeff: float = attrs.field(validator=non_negative())
     sites_per_chunk: int = attrs.field(validator=positive())
+    n_samples: int = attrs.field(default=1, validator=positive())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class SubsetRecon(LossMetric):
+    """All sites in one masked forward per draw: at each position independently, k ~
+    U{1..n_sites} and a random k-subset of all the decomposed sites routes to its components,
+    the rest frozen (param-decomp's recon over all sites, SPEC S10′; spd's
+    ``stochastic_recon_subset``). ``chunkwise_subset_recon`` is the chunked form."""
+
+    type: Literal["subset_recon"] = "subset_recon"
+    coeff: float = attrs.field(validator=non_negative())
     n_samples: int = attrs.field(default=1, validator=positive())
 
 

@@ -8,8 +8,9 @@ the model with every decomposed site on its component path is run under four mas
 * ``stochastic``: the training sources (m = ci + (1 − ci)·r, δ from r);
 * ``rounded``: m = [ci_lower > l0_threshold], δ = 0.
 
-Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state as
-they are (a ``persistent_pgd_recon`` term; no ascent at eval); ``pgd`` — fresh PGD sources
+Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state
+(a ``persistent_pgd_recon`` term; no ascent at eval; per-datapoint ``bsc`` sources lend each
+eval row a training row drawn at random, :func:`eval_sources`); ``pgd`` — fresh PGD sources
 ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd`` set). Both route
 every site at every position.
 
@@ -22,7 +23,8 @@ The four masks are data, not code: every mask is m = c + (1 − c)·s·r, δ = s
 ci ``c`` (ci_lower, ones or rounded) and a source scale ``s`` (1 for ``stochastic``, else 0),
 so one masked forward is traced and ``lax.map`` runs it once per mask. The eval jit is then
 about the size of one masked forward instead of four (``benchmarks/eval_compile.py``). The
-stochastic mask draws its sources from the batch's eval key folded per site, as training does.
+stochastic mask draws its sources from the batch's eval key folded per site, as training does;
+under ``binomial`` sampling the lower CI is jittered as in training (:mod:`pd_train.sources`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pd_train._forward import CleanRunner, masked_forward
 from pd_train.analysis.recon_eval import ReconStats, recon_batch_metrics
 from pd_train.analysis.statistics import EvalComponentStats, component_counts
 from pd_train.losses import FreshPGD, kl_clean_masked, l0, site_grid
+from pd_train.sources import JITTER_FOLD, jitter_lower_ci
 from pd_train.squash import lower_leaky_hard
 
 log = logging.getLogger("pd_train")
@@ -76,7 +79,11 @@ def batch_metrics(
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
     clean = CleanRunner(spec, target, tokens)
     clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-    ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+    if trainer.pd.sampling == "binomial":  # spd jitters the eval's lower CI too
+        pre_lower = jitter_lower_ci(pre, key=jax.random.fold_in(key, JITTER_FOLD))
+    else:
+        pre_lower = pre
+    ci_lower = {k: lower_leaky_hard(v) for k, v in pre_lower.items()}
     threshold = trainer.pd.l0_threshold
     rounded = {k: (v > threshold).astype(v.dtype) for k, v in ci_lower.items()}
     # A numpy grid: the forward specializes to the decomposed sites at trace time (no
@@ -125,7 +132,8 @@ def batch_metrics(
 
     adversarial: dict[str, Any] = {}
     if adversary and getattr(trainer, "ppgd", None) is not None:
-        adversarial["ppgd"] = adversary["sources"]
+        rows_key = jax.random.fold_in(key, EVAL_ROWS_FOLD)
+        adversarial["ppgd"] = eval_sources(adversary["sources"], tokens.shape[0], key=rows_key)
     if trainer.pd.eval_pgd is not None:
         comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
         pgd = FreshPGD.of(trainer.pd.eval_pgd)
@@ -154,6 +162,22 @@ def batch_metrics(
             clean_stream=clean.stream,
         )
     return out
+
+
+#: Folded into an eval batch key for the training rows that persistent ``bsc`` sources lend.
+EVAL_ROWS_FOLD = 0x5EED_0B5C
+
+
+def eval_sources(sources: Any, batch_size: int, *, key: jax.Array) -> dict[str, jax.Array]:
+    """Persistent-PGD sources for an eval batch of ``batch_size`` rows: per-datapoint (``bsc``)
+    sources [n_k, B_train, T, C + 1] give each eval row a training row drawn uniformly (with
+    replacement, one draw shared by every kind, as param-decomp's eval does) ->
+    [n_k, batch_size, T, C + 1]; shared (``sc``) sources [n_k, 1, T, C + 1] pass unchanged."""
+    first = next(iter(sources.values()))
+    if first.shape[1] == 1:
+        return dict(sources)
+    rows = jax.random.randint(key, (batch_size,), 0, first.shape[1])
+    return {k: jnp.take(v, rows, axis=1) for k, v in sources.items()}
 
 
 def ci_histogram(ci: jax.Array) -> jax.Array:
