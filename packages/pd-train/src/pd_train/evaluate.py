@@ -65,6 +65,7 @@ def batch_metrics(
     key: jax.Array,
     adversary: Any = None,
     slow: bool = False,
+    hp: Any = None,
 ) -> dict[str, Any]:
     """The metrics of one batch (traceable): ``eval/*`` scalars, ``l0`` {kind: [n_k]} and
     ``ci_hist`` {kind: [n_k, HIST_BINS]}; ``slow`` (static): also ``recon``, the hidden-activation
@@ -72,8 +73,11 @@ def batch_metrics(
 
     params: the train state's params; tokens [B, T] int32; key: this batch's eval key (the
     stochastic mask folds it per site, fresh PGD starts from it); adversary: the train state's
-    (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None.
+    (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None; hp:
+    :func:`eval_hyperparams`' values as f32 [] arrays (data of the eval program), or None for
+    the config's values as constants.
     """
+    hp = eval_hyperparams(trainer) if hp is None else hp
     spec = trainer.forward_spec
     target = trainer.gather_head(target)  # one gathered LM head for every forward below
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
@@ -84,7 +88,7 @@ def batch_metrics(
     else:
         pre_lower = pre
     ci_lower = {k: lower_leaky_hard(v) for k, v in pre_lower.items()}
-    threshold = trainer.pd.l0_threshold
+    threshold = hp["l0_threshold"]
     rounded = {k: (v > threshold).astype(v.dtype) for k, v in ci_lower.items()}
     # A numpy grid: the forward specializes to the decomposed sites at trace time (no
     # per-layer branches); every decomposed site is live under every mask.
@@ -136,7 +140,7 @@ def batch_metrics(
         adversarial["ppgd"] = eval_sources(adversary["sources"], tokens.shape[0], key=rows_key)
     if trainer.pd.eval_pgd is not None:
         comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
-        pgd = FreshPGD.of(trainer.pd.eval_pgd)
+        pgd = FreshPGD.of(trainer.pd.eval_pgd, step_size=hp["eval_pgd_step_size"])
 
         def objective(sources: Any) -> jax.Array:
             return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
@@ -203,14 +207,41 @@ def ci_histogram(ci: jax.Array) -> jax.Array:
     return at_least - jnp.pad(at_least[:, 1:], ((0, 0), (0, 1)))
 
 
+def eval_hyperparams(trainer: Any) -> dict[str, float]:
+    """The eval program's scalar hyperparameters: ``l0_threshold`` (``pd.l0_threshold``) and,
+    with ``pd.eval_pgd`` set, ``eval_pgd_step_size``. They enter the program as data
+    (:func:`eval_hyperparam_arrays`), so changing one reuses the compiled eval."""
+    out = {"l0_threshold": float(trainer.pd.l0_threshold)}
+    if trainer.pd.eval_pgd is not None:
+        out["eval_pgd_step_size"] = float(trainer.pd.eval_pgd.step_size)
+    return out
+
+
+def eval_hyperparam_arrays(trainer: Any, *, abstract: bool = False) -> dict[str, Any]:
+    """:func:`eval_hyperparams` as f32 [] arrays (``abstract``: ShapeDtypeStructs), replicated
+    over the trainer's mesh when it has one."""
+    sharding = trainer.layout.replicated() if trainer.layout is not None else None
+    values = eval_hyperparams(trainer)
+    if abstract:
+        return {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding) for k in values}
+    arrays = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    return arrays if sharding is None else jax.device_put(arrays, sharding)
+
+
 def eval_jit(trainer: Any, *, slow: bool = False) -> Any:
-    """``jit(eval_metrics)(params, target, tokens, key)``: :func:`batch_metrics` for ``trainer``,
-    with the trainer's compiler options (``slow``: with the slow-eval metrics)."""
+    """``jit(eval_metrics)(params, target, tokens, key, adversary, hp)``: :func:`batch_metrics`
+    for ``trainer``, with the trainer's compiler options (``slow``: with the slow-eval metrics);
+    ``hp``: :func:`eval_hyperparam_arrays` (None: the config's values as constants)."""
 
     def eval_metrics(
-        params: Any, target: Any, tokens: jax.Array, key: jax.Array, adversary: Any = None
+        params: Any,
+        target: Any,
+        tokens: jax.Array,
+        key: jax.Array,
+        adversary: Any = None,
+        hp: Any = None,
     ) -> Any:
-        return batch_metrics(trainer, params, target, tokens, key, adversary, slow=slow)
+        return batch_metrics(trainer, params, target, tokens, key, adversary, slow=slow, hp=hp)
 
     return jax.jit(eval_metrics, compiler_options=trainer.compiler_options or None)
 
@@ -232,7 +263,12 @@ def lower_eval(
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
     state = trainer.abstract_state()
     return eval_jit(trainer, slow=slow).lower(
-        state.params, trainer.abstract_target(target_dtype), tokens, key, state.adversary or None
+        state.params,
+        trainer.abstract_target(target_dtype),
+        tokens,
+        key,
+        state.adversary or None,
+        eval_hyperparam_arrays(trainer, abstract=True),
     )
 
 
@@ -340,6 +376,7 @@ class Evaluator:
         if not slow:
             self._take_ahead()
         run = self._slow_eval if slow else self._eval
+        hp = eval_hyperparam_arrays(self.trainer)
         recon = ReconStats(self.trainer.forward_spec) if slow else None
         sums: dict[str, float] = {}
         hist: dict[str, np.ndarray] = {}
@@ -357,6 +394,7 @@ class Evaluator:
                     tokens,
                     jax.random.fold_in(key, i),
                     getattr(state, "adversary", None) or None,
+                    hp,
                 )
             )
             for name, value in metrics.items():

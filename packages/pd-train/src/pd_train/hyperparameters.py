@@ -10,8 +10,8 @@ classified here):
 * **value** — a scalar hyperparameter that changes no shape and no structure: coefficients,
   learning rates and their schedules, p and its anneal, PGD step sizes and lrs, step counts,
   warmup lengths, thresholds, the seed. DESIGN decision 9: these enter the programs as data, so
-  changing one loads every program from the compile cache; :data:`CONSTANT_VALUE_FIELDS`
-  lists the few that are still trace-time constants of some program.
+  changing one loads every program from the compile cache (:data:`CONSTANT_VALUE_FIELDS`,
+  the ones still trace-time constants of some program, is empty).
   Some values are structural at one point (``switch``): ``null`` turns clipping off, ``0``
   drops a warmup; crossing that point recompiles.
 * **outside** — never reaches a compiled program: names, paths, cadences, the compile cache's
@@ -123,6 +123,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "draws per term: how many masked forwards the step runs",
             _LOSS.format("stochastic_recon") + ".n_samples",
             _LOSS.format("chunkwise_subset_recon") + ".n_samples",
+            _LOSS.format("subset_recon") + ".n_samples",
             f"{_PGD}.n_samples",
         ),
         *_group(
@@ -200,6 +201,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "importance_minimality",
                     "stochastic_recon",
                     "chunkwise_subset_recon",
+                    "subset_recon",
                     "pgd_recon",
                     "persistent_pgd_recon",
                 )
@@ -339,9 +341,9 @@ FIELDS: tuple[FieldClass, ...] = tuple(
     ]
 )
 
-#: Value fields that are still trace-time constants of some program: the eval programs bake
-#: in their L0 threshold and the fresh-PGD eval's step size (pd_train.evaluate).
-CONSTANT_VALUE_FIELDS = frozenset({"pd.l0_threshold", "pd.eval_pgd.step_size"})
+#: Value fields that are still trace-time constants of some program: none (the eval programs
+#: take their L0 threshold and fresh-PGD step size as data, pd_train.evaluate.eval_hyperparams).
+CONSTANT_VALUE_FIELDS: frozenset[str] = frozenset()
 
 _BY_PATH = {f.path: f for f in FIELDS}
 
