@@ -7,7 +7,8 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
-  :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
+  :mod:`~pd_train.losses.subset_recon`, :mod:`~pd_train.losses.chunkwise_subset_recon`,
+  :mod:`~pd_train.losses.pgd_recon`,
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -43,6 +44,7 @@ from pd_train.losses.pgd_recon import PGDReconTerm
 from pd_train.losses.recon import (
     ReconPlan,
     all_sites_plan,
+    all_sites_subset_plan,
     chunkwise_plan,
     kl_clean_masked,
     paired_all_sites_loss,
@@ -51,6 +53,7 @@ from pd_train.losses.recon import (
     site_grid,
 )
 from pd_train.losses.stochastic_recon import StochasticReconTerm
+from pd_train.losses.subset_recon import SubsetReconTerm
 
 __all__ = [
     "LOSS_TERMS",
@@ -64,9 +67,11 @@ __all__ = [
     "PersistentPGDReconTerm",
     "ReconPlan",
     "StochasticReconTerm",
+    "SubsetReconTerm",
     "TermInputs",
     "adam_ascent",
     "all_sites_plan",
+    "all_sites_subset_plan",
     "annealed_pnorm",
     "chunkwise_plan",
     "faithfulness",
