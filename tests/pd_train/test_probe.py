@@ -162,8 +162,8 @@ def test_bad_override_fails_at_generation_with_its_field_path(production):
         GridError, match=r"(?s)arm 'sideways'.*pd\.recon\.chunk_loop: got 'sideways'"
     ):
         probe_cli.build_grid(raw, prepared, extra_arms=[bad_value])
-    zero = parse_arm("zero:pd.loss_metrics[2].sites_per_chunk=0")
-    with pytest.raises(GridError, match=r"pd\.loss_metrics\[2\]\.sites_per_chunk: got 0"):
+    zero = parse_arm("zero:pd.loss_metrics[2].n_samples=0")
+    with pytest.raises(GridError, match=r"pd\.loss_metrics\[2\]\.n_samples: got 0"):
         probe_cli.build_grid(raw, prepared, extra_arms=[zero])
     # Free-form mappings take new keys.
     grid = probe_cli.build_grid(

@@ -269,7 +269,12 @@ def build_grid(
     decomposition = _decomposition(prepared)
     n_layers = len(_decomposed_layers(decomposition))
     n_sites = len(decomposition.sites)
-    terms = _chunkwise_terms(prepared)
+    # A subset_recon term (all sites in one forward) counts as one chunk of every site.
+    terms = _chunkwise_terms(prepared) or [
+        (i, n_sites)
+        for i, t in enumerate(prepared.config.pd.loss_metrics)
+        if t.type == "subset_recon"
+    ]
     slices = sorted({min(n, n_layers) for n in layer_slices})
     counts = [k for k in chunk_counts if k <= n_sites] if terms else []
     baseline_meta: dict[str, Any] = {"layers": n_layers}

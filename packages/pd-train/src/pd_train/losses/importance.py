@@ -79,7 +79,7 @@ def importance_terms(
     for ci in ci_upper.values():
         f = jnp.mean((ci.astype(jnp.float32) + eps) ** pnorm, axis=(1, 2))  # [n_k, C]
         activity = activity + jnp.sum(f)
-        if frequency is not None:
+        if frequency is not None and reference_token_count is not None:
             frequency = frequency + jnp.sum(f * jnp.log2(1 + reference_token_count * f))
     return activity, frequency
 
@@ -102,7 +102,7 @@ def importance_minimality(
         reference_token_count=None if frequency_coeff is None else reference_token_count,
     )
     total = coeff * activity
-    if frequency is not None:
+    if frequency is not None and frequency_coeff is not None:
         total = total + frequency_coeff * frequency
     return total
 
