@@ -1,4 +1,4 @@
-"""Binomial sources as the references draw them, and the eval's persistent bsc rows.
+"""Binomial sources as the references draw them.
 Expectations are written out (distributions, hand formulas), never built with pd's sampler."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train.evaluate import eval_sources
 from pd_train.sources import jitter_lower, masks, sample_source
 from pd_train.squash import lower_leaky_hard
 
@@ -47,25 +46,3 @@ def test_binomial_jitter_is_1_05_x_minus_0_05_u() -> None:
     # Inside (0, 1] the gradient is 1.05 (the chain through the jitter).
     grad = jax.grad(lambda v: jnp.sum(lower_leaky_hard(jitter_lower(v, key=jax.random.key(5)))))
     np.testing.assert_allclose(np.asarray(grad(jnp.full((8,), 0.5))), 1.05, rtol=1e-6)
-
-
-def test_eval_of_bsc_sources_draws_a_training_row_per_eval_row() -> None:
-    b_train, b_eval, t, c = 4, 64, 3, 2
-    # Row i of the training sources is filled with i, so each eval row names its source row.
-    src = np.broadcast_to(
-        np.arange(b_train, dtype=np.float32)[None, :, None, None], (2, b_train, t, c + 1)
-    )
-    sources = {"q_proj": jnp.asarray(src), "up_proj": jnp.asarray(src[:1] + 10.0)}
-    out = eval_sources(sources, b_eval, key=jax.random.key(0))
-    q, up = np.asarray(out["q_proj"]), np.asarray(out["up_proj"])
-    assert q.shape == (2, b_eval, t, c + 1) and up.shape == (1, b_eval, t, c + 1)
-    rows = q[0, :, 0, 0]
-    # Every value is a whole training row (constant over T and channels, both layers) ...
-    assert np.all(q == rows[None, :, None, None])
-    np.testing.assert_array_equal(up[0, :, 0, 0], rows + 10.0)  # one draw for every kind
-    # ... drawn at random, with replacement: not row i → i, all training rows used.
-    assert set(rows.astype(int)) == set(range(b_train))
-    assert not np.array_equal(rows[:b_train], np.arange(b_train))
-    # Shared (sc) sources [n_k, 1, T, C + 1] pass unchanged.
-    shared = {"q_proj": jnp.asarray(src[:, :1])}
-    assert eval_sources(shared, b_eval, key=jax.random.key(0))["q_proj"].shape == (2, 1, t, c + 1)

@@ -9,8 +9,8 @@ the model with every decomposed site on its component path is run under four mas
 * ``rounded``: m = [ci_lower > l0_threshold], δ = 0.
 
 Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state
-(a ``persistent_pgd_recon`` term; no ascent at eval; per-datapoint ``bsc`` sources lend each
-eval row a training row drawn at random, :func:`eval_sources`); ``pgd`` — fresh PGD sources
+(a ``persistent_pgd_recon`` term; no ascent at eval; ``bsc`` sources: training row i for eval
+row i); ``pgd`` — fresh PGD sources
 ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd`` set). Both route
 every site at every position.
 
@@ -136,8 +136,7 @@ def batch_metrics(
 
     adversarial: dict[str, Any] = {}
     if adversary and getattr(trainer, "ppgd", None) is not None:
-        rows_key = jax.random.fold_in(key, EVAL_ROWS_FOLD)
-        adversarial["ppgd"] = eval_sources(adversary["sources"], tokens.shape[0], key=rows_key)
+        adversarial["ppgd"] = adversary["sources"]
     if trainer.pd.eval_pgd is not None:
         comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
         pgd = FreshPGD.of(trainer.pd.eval_pgd, step_size=hp["eval_pgd_step_size"])
@@ -166,22 +165,6 @@ def batch_metrics(
             clean_stream=clean.stream,
         )
     return out
-
-
-#: Folded into an eval batch key for the training rows that persistent ``bsc`` sources lend.
-EVAL_ROWS_FOLD = 0x5EED_0B5C
-
-
-def eval_sources(sources: Any, batch_size: int, *, key: jax.Array) -> dict[str, jax.Array]:
-    """Persistent-PGD sources for an eval batch of ``batch_size`` rows: per-datapoint (``bsc``)
-    sources [n_k, B_train, T, C + 1] give each eval row a training row drawn uniformly (with
-    replacement, one draw shared by every kind, as param-decomp's eval does) ->
-    [n_k, batch_size, T, C + 1]; shared (``sc``) sources [n_k, 1, T, C + 1] pass unchanged."""
-    first = next(iter(sources.values()))
-    if first.shape[1] == 1:
-        return dict(sources)
-    rows = jax.random.randint(key, (batch_size,), 0, first.shape[1])
-    return {k: jnp.take(v, rows, axis=1) for k, v in sources.items()}
 
 
 def ci_histogram(ci: jax.Array) -> jax.Array:
