@@ -29,6 +29,11 @@ number of chunks (``blocks_per_chunk = 32 / chunks``), at reduced width (CI d_mo
 blocks, 4 heads, MLP 128; target width as above), remat of the CI blocks on. Prints
 ``ci step compile: 32 chunks / 2 chunks R.RRx`` (CPU time).
 
+Then the shipped configs' recon plan (``--all-sites-layers``, empty skips it;
+``--all-sites-only`` runs only it): the scanned step with one ``subset_recon`` term (all sites
+in one masked forward, per-position uniform-k routing) at each layer count. Prints
+``all-sites step compile: 32L / 2L R.RRx`` (CPU time; goal ≤ 1.5).
+
 Then persistent PGD (``--ppgd-warmups``, empty skips it; ``--ppgd-only`` runs only it): the
 scanned step at 8 layers (width as above, 4 recon chunks) plus a ``persistent_pgd_recon`` term
 (bsc, Adam) with each given ``n_warmup_steps``. The warmup ascents are a ``lax.fori_loop``, so
@@ -242,6 +247,37 @@ def ppgd_step_compile(warmups: list[int], mesh: jax.sharding.Mesh) -> None:
     print(f"ppgd step compile: warmup {hi} / warmup {lo} {arms[hi].cpu / arms[lo].cpu:.2f}x")
 
 
+def all_sites_compile_arm(layers: int, mesh: jax.sharding.Mesh) -> Arm:
+    """The scanned step at ``layers`` layers with the shipped configs' recon plan: one
+    ``subset_recon`` term (every site in one forward, per-position uniform-k routing)."""
+    import attrs
+
+    from pd_train.config import SubsetRecon
+
+    jax.clear_caches()
+    base = pd_config(layers, 1, "scan")
+    terms = tuple(t for t in base.loss_metrics if not isinstance(t, ChunkwiseSubsetRecon))
+    pd = attrs.evolve(base, loss_metrics=(*terms, SubsetRecon(coeff=1.0)))
+    tr = Trainer(model(layers), pd, mesh=mesh)
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return Arm(cpu, wall, 1, count_kernels(compiled))
+
+
+def all_sites_step_compile(layer_counts: list[int], mesh: jax.sharding.Mesh) -> None:
+    arms = {}
+    for layers in layer_counts:
+        arms[layers] = arm = all_sites_compile_arm(layers, mesh)
+        print(
+            f"all-sites subset recon, {layers:>2} layers ({7 * layers} sites, 1 forward): compile "
+            f"{arm.cpu:.1f} CPU s, {arm.wall:.1f} s wall, {arm.kernels} kernels",
+            flush=True,
+        )
+    lo, hi = min(arms), max(arms)
+    print(f"all-sites step compile: {hi}L / {lo}L {arms[hi].cpu / arms[lo].cpu:.2f}x")
+
+
 def _cells(arm: Arm | None) -> str:
     if arm is None:
         return f"{'skipped':>8} {'':>8} {'':>7}"
@@ -272,6 +308,16 @@ def main() -> None:
     )
     parser.add_argument("--ppgd-only", action="store_true", help="run only the persistent-PGD arms")
     parser.add_argument(
+        "--all-sites-layers",
+        type=int,
+        nargs="*",
+        default=[2, 32],
+        help="layer counts of the all-sites subset recon arms (the shipped configs' plan)",
+    )
+    parser.add_argument(
+        "--all-sites-only", action="store_true", help="run only the all-sites subset recon arms"
+    )
+    parser.add_argument(
         "--target",
         metavar="CONFIG",
         help="a real model's architecture and decomposition targets (C per kind) from a pd-train "
@@ -286,7 +332,13 @@ def main() -> None:
         TARGET.update(arch=arch, targets=target_pd.decomposition_targets)
         args.layers = sorted({min(n, arch.num_hidden_layers) for n in args.layers})
         args.ci_chunks, args.ppgd_warmups = [], []
+        args.all_sites_layers = sorted(
+            {min(n, arch.num_hidden_layers) for n in args.all_sites_layers}
+        )
         print(f"--target {args.target}: {arch}; C {target_pd.decomposition_targets}")
+    if args.all_sites_only:
+        all_sites_step_compile(args.all_sites_layers, pd_sharding.make_mesh(data=8))
+        return
     if args.ppgd_only:
         ppgd_step_compile(args.ppgd_warmups, pd_sharding.make_mesh(data=len(jax.devices())))
         return
@@ -376,6 +428,8 @@ def main() -> None:
         f"unroll/scan at 8Lx8c {r2:.1f}x; "
         f"step time scan/unroll {r3:.2f}x"
     )
+    if args.all_sites_layers:
+        all_sites_step_compile(args.all_sites_layers, mesh)
     if args.ci_chunks:
         ci_step_compile(args.ci_chunks, pd_sharding.make_mesh(data=len(jax.devices())))
     if args.ppgd_warmups:

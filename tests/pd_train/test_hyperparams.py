@@ -19,6 +19,7 @@ from pd_train.config import (
     DecompositionTarget,
     Faithfulness,
     FaithfulnessWarmup,
+    FrequencyPenalty,
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
@@ -58,7 +59,7 @@ def _pd(**overrides: Any) -> PDConfig:
                 pnorm_end=1.0,
                 anneal_end_frac=0.5,
                 eps=1e-6,
-                frequency_coeff=1e-2,
+                frequency=FrequencyPenalty(coeff=1e-5),
             ),
             StochasticRecon(coeff=1.0),
             PGDRecon(coeff=0.5, n_steps=1, step_size=0.1),
@@ -114,8 +115,7 @@ VALUE_CHANGES = {
         anneal_start_frac=0.1,
         anneal_end_frac=0.9,
         eps=1e-5,
-        frequency_coeff=3e-2,
-        reference_token_count=1000,
+        frequency=FrequencyPenalty(coeff=3e-5, reference_token_count=1000),
     ),
     "pd.loss_metrics[3].step_size": lambda pd: _term(pd, 3, step_size=0.3),
     "pd.loss_metrics[4] coeff, optimizer lr, warmup, final, betas, eps": lambda pd: _term(
@@ -138,7 +138,7 @@ STRUCTURAL_CHANGES = {
     "C": lambda pd: attrs.evolve(
         pd, decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.*", C=5),)
     ),
-    "frequency_coeff 0 (the term is left out)": lambda pd: _term(pd, 1, frequency_coeff=0.0),
+    "frequency null (the term is left out)": lambda pd: _term(pd, 1, frequency=None),
     "pgd n_steps": lambda pd: _term(pd, 3, n_steps=2),
     "stochastic n_samples": lambda pd: _term(pd, 2, n_samples=2),
 }
@@ -214,3 +214,41 @@ def test_the_warmup_lr_is_data_and_is_used() -> None:
         losses.append(values)
     assert losses[0][0] == losses[1][0]  # the same start
     assert losses[0][1] < losses[1][1] < losses[1][0]  # the larger lr moved further
+
+
+def _eval_text(pd: PDConfig) -> str:
+    from pd_train.evaluate import lower_eval
+
+    trainer = Trainer(TINY, pd, compiler_options=FAST, seq_len=T)
+    return str(lower_eval(trainer, batch_size=B, seq_len=T, target_dtype=jnp.float32).as_text())
+
+
+def test_the_eval_takes_its_threshold_and_pgd_step_size_as_data() -> None:
+    """issue 27 item 1 for the eval programs: pd.l0_threshold and pd.eval_pgd.step_size change
+    no eval program text; the eval's fresh-PGD n_steps does."""
+    from pd_train.config import PGDEval
+
+    base = _pd(eval_pgd=PGDEval(n_steps=2, step_size=0.1))
+    text = _eval_text(base)
+    assert _eval_text(attrs.evolve(base, l0_threshold=0.2)) == text
+    assert _eval_text(attrs.evolve(base, eval_pgd=PGDEval(n_steps=2, step_size=0.3))) == text
+    assert _eval_text(attrs.evolve(base, eval_pgd=PGDEval(n_steps=3, step_size=0.1))) != text
+
+
+def test_the_eval_uses_the_threshold_it_is_given() -> None:
+    """The threshold passed as data is the one the eval's L0 counts with: the L0 of a CI at
+    thresholds 0 and 1 (no CI exceeds 1) is > 0 and exactly 0."""
+    from pd_train.evaluate import eval_hyperparam_arrays, eval_jit
+
+    trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+    target = llama.init_params(TINY, key=jax.random.key(0))
+    state = trainer.init_state(key=jax.random.key(1))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (B, T)), jnp.int32)
+    run = eval_jit(trainer)
+    hp = eval_hyperparam_arrays(trainer)
+    l0 = {}
+    for threshold in (0.0, 1.0):
+        hp = {**hp, "l0_threshold": jnp.asarray(threshold, jnp.float32)}
+        out = run(state.params, target, tokens, jax.random.key(2), state.adversary or None, hp)
+        l0[threshold] = sum(float(np.sum(v)) for v in out["l0"].values())
+    assert l0[0.0] > 0 and l0[1.0] == 0.0

@@ -121,7 +121,11 @@ def test_sources() -> None:
     cont = np.asarray(sample_source("continuous", (64, 9), key=key))
     assert cont.min() >= 0 and cont.max() < 1 and len(np.unique(cont)) > 500
     binom = np.asarray(sample_source("binomial", (64, 9), key=key))
-    assert set(np.unique(binom)) == {0.0, 1.0} and 0.4 < binom.mean() < 0.6
+    # Components r ∈ {0, 1}, half each; the delta channel stays δ ~ U[0, 1) (spd and
+    # param-decomp draw it uniformly under binomial too).
+    comps, delta = binom[:, :-1], binom[:, -1]
+    assert set(np.unique(comps)) == {0.0, 1.0} and 0.4 < comps.mean() < 0.6
+    assert delta.min() >= 0 and delta.max() < 1 and len(np.unique(delta)) == 64
     with pytest.raises(ValueError, match="binomial"):
         sample_source("gaussian", (2,), key=key)  # type: ignore[arg-type]
 

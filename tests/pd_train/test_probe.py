@@ -41,7 +41,14 @@ def _decomposition(raw):
 
 
 def _chunks(prepared, decomposition) -> int:
-    (term,) = [t for t in prepared.config.pd.loss_metrics if t.type == "chunkwise_subset_recon"]
+    """Chunks of the config's subset recon term (all-sites ``subset_recon``: 1)."""
+    (term,) = [
+        t
+        for t in prepared.config.pd.loss_metrics
+        if t.type in ("chunkwise_subset_recon", "subset_recon")
+    ]
+    if term.type == "subset_recon":
+        return 1
     return chunkwise_plan(decomposition, term.sites_per_chunk).n_chunks
 
 
@@ -51,7 +58,7 @@ def test_production_config_is_the_design(production):
     assert len(decomposition.sites) == 224
     assert {k.kind: k.C for k in decomposition.kinds} == BASE_C
     assert sum(k.C * len(k.layers) for k in decomposition.kinds) == 1_245_184
-    assert _chunks(prepared, decomposition) == 4
+    assert _chunks(prepared, decomposition) == 1  # all sites in one forward (subset_recon)
     config = prepared.config
     assert (config.pd.batch_size, config.data.seq_len) == (128, 512)
     assert config.runtime.compute_dtype == "bfloat16"
@@ -77,9 +84,8 @@ def test_every_arm_of_the_production_config_is_valid_and_means_its_name(producti
     }
     assert set(grid.names) == expected
     # Arms that change nothing run once, as the baseline.
-    for name in ("layers_32", "chunks_4", "chunk_loop_scan", "layer_loop_scan", "init_stacked"):
+    for name in ("layers_32", "chunk_loop_scan", "layer_loop_scan", "init_stacked"):
         assert grid.aliases[name] == "baseline"
-    assert grid.aliases["chunks_4_unroll"] == "chunk_loop_unroll"
 
     for name, raw in grid.configs.items():
         prepared, decomposition = _decomposition(raw)  # raises if the arm's config is invalid
@@ -90,7 +96,7 @@ def test_every_arm_of_the_production_config_is_valid_and_means_its_name(producti
                 BASE_C, tuple(range(n))
             ), name
             assert {k.kind: k.C for k in decomposition.kinds} == BASE_C
-            assert _chunks(prepared, decomposition) == 4, name
+            assert _chunks(prepared, decomposition) == 1, name
         elif name.startswith("chunks_"):
             k = int(name.split("_")[1])
             assert len(decomposition.sites) == 224
@@ -156,8 +162,8 @@ def test_bad_override_fails_at_generation_with_its_field_path(production):
         GridError, match=r"(?s)arm 'sideways'.*pd\.recon\.chunk_loop: got 'sideways'"
     ):
         probe_cli.build_grid(raw, prepared, extra_arms=[bad_value])
-    zero = parse_arm("zero:pd.loss_metrics[2].sites_per_chunk=0")
-    with pytest.raises(GridError, match=r"pd\.loss_metrics\[2\]\.sites_per_chunk: got 0"):
+    zero = parse_arm("zero:pd.loss_metrics[2].n_samples=0")
+    with pytest.raises(GridError, match=r"pd\.loss_metrics\[2\]\.n_samples: got 0"):
         probe_cli.build_grid(raw, prepared, extra_arms=[zero])
     # Free-form mappings take new keys.
     grid = probe_cli.build_grid(
@@ -184,7 +190,7 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
 def test_cli_list_shows_validated_arms(capsys):
     assert probe_cli.main([str(PRODUCTION), "--list", "--arms", "chunks_8,layers_32"]) == 0
     text = capsys.readouterr().out
-    assert "chunks_8\n    pd.loss_metrics[2].sites_per_chunk=28" in text
+    assert "chunks_8\n    pd.loss_metrics[2]=" in text and '"sites_per_chunk": 28' in text
     assert "layers_32  (= baseline)" in text
     assert "autotune" not in text
 

@@ -18,6 +18,7 @@ from pd_train.config import (
     DecompositionTarget,
     Faithfulness,
     FaithfulnessWarmup,
+    FrequencyPenalty,
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
@@ -51,7 +52,11 @@ def _pd(**overrides: object) -> PDConfig:
         loss_metrics=(
             Faithfulness(coeff=1e4),
             ImportanceMinimality(
-                coeff=1e-3, pnorm_start=2.0, pnorm_end=1.0, eps=1e-6, frequency_coeff=0.01
+                coeff=1e-3,
+                pnorm_start=2.0,
+                pnorm_end=1.0,
+                eps=1e-6,
+                frequency=FrequencyPenalty(coeff=1e-5),
             ),
             StochasticRecon(coeff=1.0),
             ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=7),

@@ -16,6 +16,7 @@ import attrs
 
 from pd_train._config_io import (
     ConfigError,
+    FieldValueError,
     in_range,
     non_negative,
     one_of,
@@ -34,6 +35,7 @@ __all__ = [
     "DecompositionTarget",
     "Faithfulness",
     "FaithfulnessWarmup",
+    "FrequencyPenalty",
     "GlobalTransformerCI",
     "ImportanceMinimality",
     "LaunchEnvConfig",
@@ -53,6 +55,7 @@ __all__ = [
     "SmoothL0ImportanceMinimality",
     "StaticProbabilitySubsetRecon",
     "StochasticRecon",
+    "SubsetRecon",
     "UnmaskedRecon",
     "VectorMLPCI",
     "check_pd_config",
@@ -246,13 +249,41 @@ class Faithfulness(LossMetric):
     coeff: float = attrs.field(validator=non_negative())
 
 
+@attrs.frozen(kw_only=True)
+class FrequencyPenalty:
+    """The frequency term of importance minimality, weighted by its **own** coefficient beside
+    the activity term (param-decomp's convention, its SPEC S8'): the loss gains
+    ``coeff · Σ_sites Σ_c f_c·log2(1 + reference_token_count·f_c)``. param-decomp's production
+    recipe: coeff 1e-6 beside importance 5e-6, reference count = the global batch's tokens."""
+
+    coeff: float = attrs.field(validator=non_negative())
+    reference_token_count: int = attrs.field(default=65_536, validator=positive())
+
+
+def _retired_nested_frequency(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    """Refuse the retired top-level frequency fields, saying how to convert them."""
+    if value is None:
+        return
+    msg = (
+        f"got {value!r}; retired: the frequency term used to be weighted inside `coeff` "
+        "(loss = coeff·(Σ f + frequency_coeff·Σ f·log2(1 + reference_token_count·f))). It now "
+        "has its own coefficient, as in param-decomp: write `frequency: {coeff: X, "
+        "reference_token_count: A}` with X = coeff × the old frequency_coeff for the same "
+        "loss (param-decomp's production recipe: X = 1e-6 beside coeff 5e-6), and drop "
+        "frequency_coeff / reference_token_count"
+    )
+    raise FieldValueError(attribute.name, msg)
+
+
 @register_loss_config
 @attrs.frozen(kw_only=True)
 class ImportanceMinimality(LossMetric):
-    """Σ_sites Σ_c f_c + frequency_coeff · Σ f_c·log2(1 + reference_token_count·f_c), with
-    f_c = mean over the global batch of (ci_upper + eps)^p. p goes linearly from
-    ``pnorm_start`` to ``pnorm_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
-    ``pd.steps``."""
+    """coeff · Σ_sites Σ_c f_c + frequency.coeff · Σ_sites Σ_c f_c·log2(1 +
+    frequency.reference_token_count·f_c), with f_c = mean over the global batch of
+    (ci_upper + eps)^p. p goes linearly from ``pnorm_start`` to ``pnorm_end`` between
+    ``anneal_start_frac`` and ``anneal_end_frac`` of ``pd.steps``. ``frequency``: null (no
+    frequency term) or its own coefficient (:class:`FrequencyPenalty`); the old top-level
+    ``frequency_coeff`` / ``reference_token_count`` (nested inside ``coeff``) are refused."""
 
     type: Literal["importance_minimality"] = "importance_minimality"
     name: str | None = _name_field()
@@ -262,17 +293,28 @@ class ImportanceMinimality(LossMetric):
     anneal_start_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
     anneal_end_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
     eps: float = attrs.field(default=1e-12, validator=non_negative())
-    frequency_coeff: float = attrs.field(default=0.0, validator=non_negative())
-    reference_token_count: int = attrs.field(default=65_536, validator=positive())
+    frequency: FrequencyPenalty | None = None
+    frequency_coeff: float | None = attrs.field(default=None, validator=_retired_nested_frequency)
+    reference_token_count: float | None = attrs.field(
+        default=None, validator=_retired_nested_frequency
+    )
 
     def problems(self, path: str) -> list[tuple[str, str]]:
-        if self.anneal_end_frac >= self.anneal_start_frac:
-            return []
-        msg = (
-            f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
-            " must be >= anneal_start_frac"
-        )
-        return [(f"{path}.anneal_end_frac", msg)]
+        out: list[tuple[str, str]] = []
+        if self.anneal_end_frac < self.anneal_start_frac:
+            msg = (
+                f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
+                " must be >= anneal_start_frac"
+            )
+            out.append((f"{path}.anneal_end_frac", msg))
+        if self.frequency is not None and self.frequency.coeff > 0 and self.coeff == 0:
+            msg = (
+                f"got coeff 0 with frequency.coeff {self.frequency.coeff}; the term's value is "
+                "reported before `coeff`, so a frequency term needs coeff > 0 (or set "
+                "frequency: null)"
+            )
+            out.append((f"{path}.coeff", msg))
+        return out
 
 
 @register_loss_config
@@ -373,6 +415,18 @@ class UnmaskedRecon(LossMetric):
     type: Literal["unmasked_recon"] = "unmasked_recon"
     name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
+
+
+class SubsetRecon(LossMetric):
+    """All sites in one masked forward per draw: at each position independently, k ~
+    U{1..n_sites} and a random k-subset of all the decomposed sites routes to its components,
+    the rest frozen (param-decomp's recon over all sites, SPEC S10′; spd's
+    ``stochastic_recon_subset``). ``chunkwise_subset_recon`` is the chunked form."""
+
+    type: Literal["subset_recon"] = "subset_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+    n_samples: int = attrs.field(default=1, validator=positive())
 
 
 @attrs.frozen(kw_only=True)

@@ -8,8 +8,9 @@ the model with every decomposed site on its component path is run under four mas
 * ``stochastic``: the training sources (m = ci + (1 − ci)·r, δ from r);
 * ``rounded``: m = [ci_lower > rounding_threshold (default l0_threshold)], δ = 0.
 
-Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state as
-they are (a ``persistent_pgd_recon`` term; no ascent at eval); ``pgd`` — fresh PGD sources
+Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state
+(a ``persistent_pgd_recon`` term; no ascent at eval; ``bsc`` sources: training row i for eval
+row i); ``pgd`` — fresh PGD sources
 ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd`` set). Both route
 every site at every position.
 
@@ -22,7 +23,8 @@ The four masks are data, not code: every mask is m = c + (1 − c)·s·r, δ = s
 ci ``c`` (ci_lower, ones or rounded) and a source scale ``s`` (1 for ``stochastic``, else 0),
 so one masked forward is traced and ``lax.map`` runs it once per mask. The eval jit is then
 about the size of one masked forward instead of four (``benchmarks/eval_compile.py``). The
-stochastic mask draws its sources from the batch's eval key folded per site, as training does.
+stochastic mask draws its sources from the batch's eval key folded per site, as training does;
+under ``binomial`` sampling the lower CI is jittered as in training (:mod:`pd_train.sources`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pd_train._forward import CleanRunner, masked_forward
 from pd_train.analysis.recon_eval import ReconStats, recon_batch_metrics
 from pd_train.analysis.statistics import EvalComponentStats, component_counts
 from pd_train.losses import FreshPGD, kl_clean_masked, l0, site_grid
+from pd_train.sources import JITTER_FOLD, jitter_lower_ci
 from pd_train.squash import lower_leaky_hard
 
 log = logging.getLogger("pd_train")
@@ -62,6 +65,7 @@ def batch_metrics(
     key: jax.Array,
     adversary: Any = None,
     slow: bool = False,
+    hp: Any = None,
 ) -> dict[str, Any]:
     """The metrics of one batch (traceable): ``eval/*`` scalars, ``l0`` {kind: [n_k]} and
     ``ci_hist`` {kind: [n_k, HIST_BINS]}; ``slow`` (static): also ``recon``, the hidden-activation
@@ -69,17 +73,23 @@ def batch_metrics(
 
     params: the train state's params; tokens [B, T] int32; key: this batch's eval key (the
     stochastic mask folds it per site, fresh PGD starts from it); adversary: the train state's
-    (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None.
+    (persistent PGD sources, [n_k, B | 1, T, C + 1] per kind), or None; hp:
+    :func:`eval_hyperparams`' values as f32 [] arrays (data of the eval program), or None for
+    the config's values as constants.
     """
+    hp = eval_hyperparams(trainer) if hp is None else hp
     spec = trainer.forward_spec
     target = trainer.gather_head(target)  # one gathered LM head for every forward below
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
     clean = CleanRunner(spec, target, tokens)
     clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-    ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
-    threshold = trainer.pd.l0_threshold
-    rounding = trainer.pd.rounding_threshold
-    rounding = threshold if rounding is None else rounding
+    if trainer.pd.sampling == "binomial":  # spd jitters the eval's lower CI too
+        pre_lower = jitter_lower_ci(pre, key=jax.random.fold_in(key, JITTER_FOLD))
+    else:
+        pre_lower = pre
+    ci_lower = {k: lower_leaky_hard(v) for k, v in pre_lower.items()}
+    threshold = hp["l0_threshold"]
+    rounding = hp.get("rounding_threshold", threshold)
     rounded = {k: (v > rounding).astype(v.dtype) for k, v in ci_lower.items()}
     # A numpy grid: the forward specializes to the decomposed sites at trace time (no
     # per-layer branches); every decomposed site is live under every mask.
@@ -130,7 +140,7 @@ def batch_metrics(
         adversarial["ppgd"] = adversary["sources"]
     if trainer.pd.eval_pgd is not None:
         comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
-        pgd = FreshPGD.of(trainer.pd.eval_pgd)
+        pgd = FreshPGD.of(trainer.pd.eval_pgd, step_size=hp["eval_pgd_step_size"])
 
         def objective(sources: Any) -> jax.Array:
             return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
@@ -181,14 +191,44 @@ def ci_histogram(ci: jax.Array) -> jax.Array:
     return at_least - jnp.pad(at_least[:, 1:], ((0, 0), (0, 1)))
 
 
+def eval_hyperparams(trainer: Any) -> dict[str, float]:
+    """The eval program's scalar hyperparameters: ``l0_threshold`` (``pd.l0_threshold``),
+    ``rounding_threshold`` when ``pd.rounding_threshold`` is set, and, with ``pd.eval_pgd``
+    set, ``eval_pgd_step_size``. They enter the program as data
+    (:func:`eval_hyperparam_arrays`), so changing one reuses the compiled eval."""
+    out = {"l0_threshold": float(trainer.pd.l0_threshold)}
+    if trainer.pd.rounding_threshold is not None:
+        out["rounding_threshold"] = float(trainer.pd.rounding_threshold)
+    if trainer.pd.eval_pgd is not None:
+        out["eval_pgd_step_size"] = float(trainer.pd.eval_pgd.step_size)
+    return out
+
+
+def eval_hyperparam_arrays(trainer: Any, *, abstract: bool = False) -> dict[str, Any]:
+    """:func:`eval_hyperparams` as f32 [] arrays (``abstract``: ShapeDtypeStructs), replicated
+    over the trainer's mesh when it has one."""
+    sharding = trainer.layout.replicated() if trainer.layout is not None else None
+    values = eval_hyperparams(trainer)
+    if abstract:
+        return {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding) for k in values}
+    arrays = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    return arrays if sharding is None else jax.device_put(arrays, sharding)
+
+
 def eval_jit(trainer: Any, *, slow: bool = False) -> Any:
-    """``jit(eval_metrics)(params, target, tokens, key)``: :func:`batch_metrics` for ``trainer``,
-    with the trainer's compiler options (``slow``: with the slow-eval metrics)."""
+    """``jit(eval_metrics)(params, target, tokens, key, adversary, hp)``: :func:`batch_metrics`
+    for ``trainer``, with the trainer's compiler options (``slow``: with the slow-eval metrics);
+    ``hp``: :func:`eval_hyperparam_arrays` (None: the config's values as constants)."""
 
     def eval_metrics(
-        params: Any, target: Any, tokens: jax.Array, key: jax.Array, adversary: Any = None
+        params: Any,
+        target: Any,
+        tokens: jax.Array,
+        key: jax.Array,
+        adversary: Any = None,
+        hp: Any = None,
     ) -> Any:
-        return batch_metrics(trainer, params, target, tokens, key, adversary, slow=slow)
+        return batch_metrics(trainer, params, target, tokens, key, adversary, slow=slow, hp=hp)
 
     return jax.jit(eval_metrics, compiler_options=trainer.compiler_options or None)
 
@@ -210,7 +250,12 @@ def lower_eval(
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
     state = trainer.abstract_state()
     return eval_jit(trainer, slow=slow).lower(
-        state.params, trainer.abstract_target(target_dtype), tokens, key, state.adversary or None
+        state.params,
+        trainer.abstract_target(target_dtype),
+        tokens,
+        key,
+        state.adversary or None,
+        eval_hyperparam_arrays(trainer, abstract=True),
     )
 
 
@@ -318,6 +363,7 @@ class Evaluator:
         if not slow:
             self._take_ahead()
         run = self._slow_eval if slow else self._eval
+        hp = eval_hyperparam_arrays(self.trainer)
         recon = ReconStats(self.trainer.forward_spec) if slow else None
         sums: dict[str, float] = {}
         hist: dict[str, np.ndarray] = {}
@@ -335,6 +381,7 @@ class Evaluator:
                     tokens,
                     jax.random.fold_in(key, i),
                     getattr(state, "adversary", None) or None,
+                    hp,
                 )
             )
             for name, value in metrics.items():

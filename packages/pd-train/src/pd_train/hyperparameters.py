@@ -10,10 +10,10 @@ classified here):
 * **value** — a scalar hyperparameter that changes no shape and no structure: coefficients,
   learning rates and their schedules, p and its anneal, PGD step sizes and lrs, step counts,
   warmup lengths, thresholds, the seed. DESIGN decision 9: these enter the programs as data, so
-  changing one loads every program from the compile cache; :data:`CONSTANT_VALUE_FIELDS`
-  lists the few that are still trace-time constants of some program.
+  changing one loads every program from the compile cache (:data:`CONSTANT_VALUE_FIELDS`,
+  the ones still trace-time constants of some program, is empty).
   Some values are structural at one point (``switch``): ``null`` turns clipping off, ``0``
-  drops the frequency term; crossing that point recompiles.
+  drops a warmup; crossing that point recompiles.
 * **outside** — never reaches a compiled program: names, paths, cadences, the compile cache's
   own settings, SLURM, tracking.
 
@@ -125,6 +125,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             _LOSS.format("stochastic_recon") + ".n_samples",
             _LOSS.format("chunkwise_subset_recon") + ".n_samples",
             _LOSS.format("static_probability_subset_recon") + ".n_samples",
+            _LOSS.format("subset_recon") + ".n_samples",
             f"{_PGD}.n_samples",
         ),
         *_group(
@@ -227,6 +228,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "importance_minimality",
                     "stochastic_recon",
                     "chunkwise_subset_recon",
+                    "subset_recon",
                     "pgd_recon",
                     "persistent_pgd_recon",
                     "static_probability_subset_recon",
@@ -242,19 +244,29 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group(
             "value",
-            "importance minimality's p, its anneal window, eps and the frequency term's a",
+            "importance minimality's p, its anneal window and eps",
             f"{_IMP}.pnorm_start",
             f"{_IMP}.pnorm_end",
             f"{_IMP}.anneal_start_frac",
             f"{_IMP}.anneal_end_frac",
             f"{_IMP}.eps",
-            f"{_IMP}.reference_token_count",
         ),
         *_group(
             "value",
-            "the frequency term's weight (0 leaves the term out)",
+            "the frequency term's own weight and its a (reference token count)",
+            f"{_IMP}.frequency.coeff",
+            f"{_IMP}.frequency.reference_token_count",
+        ),
+        *_group(
+            "structural",
+            "whether importance minimality has a frequency term (null: not)",
+            f"{_IMP}.frequency",
+        ),
+        *_group(
+            "outside",
+            "retired (refused with how to convert: the old frequency term nested in coeff)",
             f"{_IMP}.frequency_coeff",
-            switch="zero",
+            f"{_IMP}.reference_token_count",
         ),
         *_group(
             "value",
@@ -396,11 +408,10 @@ FIELDS: tuple[FieldClass, ...] = tuple(
     ]
 )
 
-#: Value fields that are still trace-time constants of some program: the eval programs bake
-#: in their L0 threshold and the fresh-PGD eval's step size (pd_train.evaluate).
-CONSTANT_VALUE_FIELDS = frozenset(
-    {"pd.l0_threshold", "pd.rounding_threshold", "pd.eval_pgd.step_size"}
-)
+#: Value fields that are still trace-time constants of some program: none (the eval programs
+#: take their L0 and rounding thresholds and fresh-PGD step size as data,
+#: pd_train.evaluate.eval_hyperparams).
+CONSTANT_VALUE_FIELDS: frozenset[str] = frozenset()
 
 _BY_PATH = {f.path: f for f in FIELDS}
 

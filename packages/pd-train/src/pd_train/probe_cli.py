@@ -200,16 +200,35 @@ def layers_overrides(prepared: Prepared, n: int) -> dict[str, Any]:
 
 def chunks_overrides(prepared: Prepared, k: int) -> dict[str, Any]:
     """Overrides cutting every chunkwise recon term into ``k`` chunks of consecutive sites
-    (``sites_per_chunk = ceil(sites / k)``; the last chunk may be smaller)."""
+    (``sites_per_chunk = ceil(sites / k)``; the last chunk may be smaller). A ``subset_recon``
+    term (all sites in one forward) becomes the chunked ``chunkwise_subset_recon`` with the
+    same coeff and n_samples."""
+    from pd_train.config import SubsetRecon
+
     n_sites = len(_decomposition(prepared).sites)
     terms = _chunkwise_terms(prepared)
-    if not terms:
-        msg = "the base config has no chunkwise_subset_recon term in pd.loss_metrics"
+    subset = [
+        (i, t) for i, t in enumerate(prepared.config.pd.loss_metrics) if isinstance(t, SubsetRecon)
+    ]
+    if not terms and not subset:
+        msg = (
+            "the base config has no chunkwise_subset_recon or subset_recon term in pd.loss_metrics"
+        )
         raise ValueError(msg)
     if not 1 <= k <= n_sites:
         msg = f"{k} chunks asked; the base config decomposes {n_sites} sites"
         raise ValueError(msg)
-    return {f"pd.loss_metrics[{i}].sites_per_chunk": math.ceil(n_sites / k) for i, _ in terms}
+    out: dict[str, Any] = {
+        f"pd.loss_metrics[{i}].sites_per_chunk": math.ceil(n_sites / k) for i, _ in terms
+    }
+    for i, term in subset:
+        out[f"pd.loss_metrics[{i}]"] = {
+            "type": "chunkwise_subset_recon",
+            "coeff": term.coeff,
+            "sites_per_chunk": math.ceil(n_sites / k),
+            "n_samples": term.n_samples,
+        }
+    return out
 
 
 def _with(overrides: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -250,7 +269,12 @@ def build_grid(
     decomposition = _decomposition(prepared)
     n_layers = len(_decomposed_layers(decomposition))
     n_sites = len(decomposition.sites)
-    terms = _chunkwise_terms(prepared)
+    # A subset_recon term (all sites in one forward) counts as one chunk of every site.
+    terms = _chunkwise_terms(prepared) or [
+        (i, n_sites)
+        for i, t in enumerate(prepared.config.pd.loss_metrics)
+        if t.type == "subset_recon"
+    ]
     slices = sorted({min(n, n_layers) for n in layer_slices})
     counts = [k for k in chunk_counts if k <= n_sites] if terms else []
     baseline_meta: dict[str, Any] = {"layers": n_layers}

@@ -7,7 +7,8 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
-  :mod:`~pd_train.losses.chunkwise_subset_recon`, :mod:`~pd_train.losses.pgd_recon`,
+  :mod:`~pd_train.losses.subset_recon`, :mod:`~pd_train.losses.chunkwise_subset_recon`,
+  :mod:`~pd_train.losses.pgd_recon`,
   :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
   :mod:`~pd_train.losses.static_probability_subset_recon`,
   :mod:`~pd_train.losses.ci_masked_recon`, :mod:`~pd_train.losses.unmasked_recon`,
@@ -37,6 +38,7 @@ from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
     annealed_pnorm,
     importance_minimality,
+    importance_terms,
     l0,
     pnorm_at,
 )
@@ -46,6 +48,7 @@ from pd_train.losses.pgd_recon import PGDReconTerm
 from pd_train.losses.recon import (
     ReconPlan,
     all_sites_plan,
+    all_sites_subset_plan,
     chunkwise_plan,
     kl_clean_masked,
     paired_all_sites_loss,
@@ -59,6 +62,7 @@ from pd_train.losses.smooth_l0 import (
 )
 from pd_train.losses.static_probability_subset_recon import StaticProbabilitySubsetReconTerm
 from pd_train.losses.stochastic_recon import StochasticReconTerm
+from pd_train.losses.subset_recon import SubsetReconTerm
 from pd_train.losses.unmasked_recon import UnmaskedReconTerm
 
 __all__ = [
@@ -77,14 +81,17 @@ __all__ = [
     "SmoothL0ImportanceMinimalityTerm",
     "StaticProbabilitySubsetReconTerm",
     "StochasticReconTerm",
+    "SubsetReconTerm",
     "TermInputs",
     "UnmaskedReconTerm",
     "adam_ascent",
     "all_sites_plan",
+    "all_sites_subset_plan",
     "annealed_pnorm",
     "chunkwise_plan",
     "faithfulness",
     "importance_minimality",
+    "importance_terms",
     "kl_clean_masked",
     "l0",
     "loss_term",

@@ -24,6 +24,7 @@ __all__ = [
     "ImportanceMinimalityTerm",
     "annealed_pnorm",
     "importance_minimality",
+    "importance_terms",
     "l0",
     "pnorm_at",
     "pnorm_hyperparams",
@@ -60,46 +61,73 @@ def pnorm_at(term: ImportanceMinimality, step: jax.Array, total_steps: int) -> j
     return annealed_pnorm(pnorm_hyperparams(term, total_steps), step)
 
 
+def importance_terms(
+    ci_upper: Mapping[str, jax.Array],
+    *,
+    pnorm: jax.Array | float,
+    eps: jax.Array | float,
+    reference_token_count: jax.Array | float | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """(activity, frequency): Σ_sites Σ_c f_c and Σ_sites Σ_c f_c·log2(1 + a·f_c), a =
+    ``reference_token_count`` (None: no frequency term, returned as None).
+
+    ci_upper[kind]: [n_k, B, T, C]; f_c = mean over (B, T) of (ci_upper + eps)^pnorm, per site
+    and component: a global-batch mean taken before the log (see the module docstring).
+    """
+    activity = jnp.zeros((), jnp.float32)
+    frequency = None if reference_token_count is None else jnp.zeros((), jnp.float32)
+    for ci in ci_upper.values():
+        f = jnp.mean((ci.astype(jnp.float32) + eps) ** pnorm, axis=(1, 2))  # [n_k, C]
+        activity = activity + jnp.sum(f)
+        if frequency is not None and reference_token_count is not None:
+            frequency = frequency + jnp.sum(f * jnp.log2(1 + reference_token_count * f))
+    return activity, frequency
+
+
 def importance_minimality(
     ci_upper: Mapping[str, jax.Array],
     *,
     pnorm: jax.Array | float,
     eps: jax.Array | float,
-    frequency_coeff: jax.Array | float = 0.0,
+    coeff: jax.Array | float = 1.0,
+    frequency_coeff: jax.Array | float | None = None,
     reference_token_count: jax.Array | float = 65_536,
 ) -> jax.Array:
-    """Σ_sites Σ_c [f_c + frequency_coeff · f_c · log2(1 + reference_token_count · f_c)].
-
-    ci_upper[kind]: [n_k, B, T, C]; f_c = mean over (B, T) of (ci_upper + eps)^pnorm, per site
-    and component: a global-batch mean taken before the log (see the module docstring). A
-    Python-float ``frequency_coeff`` of 0 leaves the frequency term out of the program (an
-    array coefficient always keeps it).
-    """
-    with_frequency = isinstance(frequency_coeff, jax.Array) or frequency_coeff != 0
-    total = jnp.zeros((), jnp.float32)
-    for ci in ci_upper.values():
-        f = jnp.mean((ci.astype(jnp.float32) + eps) ** pnorm, axis=(1, 2))  # [n_k, C]
-        total = total + jnp.sum(f)
-        if with_frequency:
-            total = total + frequency_coeff * jnp.sum(f * jnp.log2(1 + reference_token_count * f))
+    """The importance loss with its coefficients applied: coeff·activity + frequency_coeff·
+    frequency (:func:`importance_terms`; ``frequency_coeff`` None: no frequency term)."""
+    activity, frequency = importance_terms(
+        ci_upper,
+        pnorm=pnorm,
+        eps=eps,
+        reference_token_count=None if frequency_coeff is None else reference_token_count,
+    )
+    total = coeff * activity
+    if frequency is not None and frequency_coeff is not None:
+        total = total + frequency_coeff * frequency
     return total
 
 
 class ImportanceMinimalityTerm(LossTerm):
-    """``importance_minimality``: reads ci_upper; reports ``pnorm``. Values: coeff, eps, the p
-    anneal (:func:`pnorm_hyperparams`), frequency_coeff, reference_token_count (a float).
-    Structural: whether frequency_coeff is 0 (the frequency term is then left out)."""
+    """``importance_minimality``: reads ci_upper; reports ``pnorm``. Its value,
+    which the step multiplies by ``coeff``, is activity + (frequency.coeff / coeff)·frequency,
+    so the loss gains coeff·activity + frequency.coeff·frequency (the frequency term weighted by
+    its own coefficient, param-decomp's convention; config validation keeps coeff > 0 when a
+    frequency term is set). Values: coeff, eps, the p anneal (:func:`pnorm_hyperparams`),
+    frequency.coeff and frequency.reference_token_count. Structural: whether ``frequency`` is
+    null (the frequency term is then left out)."""
 
     config_cls = ImportanceMinimality
 
     def hyperparams(self, config: Any, pd: PDConfig) -> dict[str, float | int]:
-        return {
+        out = {
             "coeff": float(config.coeff),
             "eps": float(config.eps),
-            "frequency_coeff": float(config.frequency_coeff),
-            "reference_token_count": float(config.reference_token_count),
             **pnorm_hyperparams(config, pd.steps),
         }
+        if config.frequency is not None:
+            out["frequency_coeff"] = float(config.frequency.coeff)
+            out["reference_token_count"] = float(config.frequency.reference_token_count)
+        return out
 
     def value(
         self,
@@ -113,14 +141,19 @@ class ImportanceMinimalityTerm(LossTerm):
         del plan, key
         assert inputs.ci_upper is not None
         p = annealed_pnorm(hp, inputs.step)
-        value = importance_minimality(
+        with_frequency = config.frequency is not None
+        activity, frequency = importance_terms(
             inputs.ci_upper,
             pnorm=p,
             eps=hp["eps"],
-            frequency_coeff=hp["frequency_coeff"] if config.frequency_coeff else 0.0,
-            reference_token_count=hp["reference_token_count"],
+            reference_token_count=hp["reference_token_count"] if with_frequency else None,
         )
-        return value, {"pnorm": p}
+        extra = {"pnorm": p}
+        if frequency is None:
+            return activity, extra
+        coeff = hp["coeff"]
+        ratio = hp["frequency_coeff"] / jnp.where(coeff > 0, coeff, 1.0)
+        return activity + ratio * frequency, extra
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del config, census, plan  # elementwise on ci_upper only

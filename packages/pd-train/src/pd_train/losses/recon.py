@@ -133,6 +133,13 @@ def all_sites_plan(decomposition: Decomposition) -> ReconPlan:
     return ReconPlan(chunks=(tuple(range(n)),), n_sites=n, routing="all")
 
 
+def all_sites_subset_plan(decomposition: Decomposition) -> ReconPlan:
+    """One chunk of every site with subset routing: per position, k ~ U{1..n_sites} and a
+    random k-subset of all sites live (``subset_recon``)."""
+    n = len(decomposition.sites)
+    return ReconPlan(chunks=(tuple(range(n)),), n_sites=n, routing="subset")
+
+
 def site_grid(decomposition: Decomposition) -> np.ndarray:
     """[L, K] int32: the canonical index of the site at (layer, decomposed kind), or -1."""
     names = decomposition.kind_names

@@ -52,6 +52,7 @@ from pd_train.losses import (
 )
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, make_optimizer, optimizer_hyperparams, scheduled_lr
+from pd_train.sources import JITTER_FOLD, jitter_lower_ci
 from pd_train.squash import lower_leaky_hard_deferred, unit_clip, upper_leaky_hard
 from pd_train.targets import Target
 from pd_train.targets.tied import decomposition_ties, tie_components
@@ -289,7 +290,7 @@ class Trainer(TrainerState, TrainerWarmup):
         )
         aux: dict[str, Any] = {"terms": {}, "term_state": {}}
         if self.needs_ci:
-            inputs, aux["l0"] = self._clean_and_ci(inputs, hp["l0_threshold"])
+            inputs, aux["l0"] = self._clean_and_ci(inputs, hp["l0_threshold"], key)
         if self.ppgd is not None:
             inputs, aux["adversary"] = self._warm_sources(inputs, adversary, source_offset, key, hp)
         paired = self._paired_values(inputs, key)
@@ -323,9 +324,11 @@ class Trainer(TrainerState, TrainerWarmup):
         return total, aux
 
     def _clean_and_ci(
-        self, inputs: TermInputs, threshold: Any
+        self, inputs: TermInputs, threshold: Any, key: jax.Array
     ) -> tuple[TermInputs, dict[str, jax.Array]]:
-        """The clean forward, the CI and its squashes into ``inputs``; and the L0 per site."""
+        """The clean forward, the CI and its squashes into ``inputs``; and the L0 per site.
+        Under ``binomial`` sampling the lower squash reads jittered pre-activations
+        (:func:`pd_train.sources.jitter_lower_ci`, from ``fold_in(key, JITTER_FOLD)``)."""
         params = inputs.params
         # Named scopes label the compiled step's ops by phase (profiles, HLO dumps).
         with jax.named_scope("pd.clean_ci"):
@@ -335,7 +338,10 @@ class Trainer(TrainerState, TrainerWarmup):
             )
             # Unclipped: every use clips (sources.masks), so no clipped copy of the
             # all-site CI is materialized next to pre (pd_train.squash's docstring).
-            ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in pre.items()}
+            lower_pre = pre
+            if self.pd.sampling == "binomial":
+                lower_pre = jitter_lower_ci(pre, key=jax.random.fold_in(key, JITTER_FOLD))
+            ci_lower = {k: lower_leaky_hard_deferred(v) for k, v in lower_pre.items()}
             ci_upper = {k: upper_leaky_hard(v) for k, v in pre.items()}
         with jax.named_scope("pd.l0"):
             l0_sites = _site_map(lambda c: l0({"s": unit_clip(c)}, threshold)["s"], ci_lower)
