@@ -417,6 +417,8 @@ class UnmaskedRecon(LossMetric):
     coeff: float = attrs.field(validator=non_negative())
 
 
+@register_loss_config
+@attrs.frozen(kw_only=True)
 class SubsetRecon(LossMetric):
     """All sites in one masked forward per draw: at each position independently, k ~
     U{1..n_sites} and a random k-subset of all the decomposed sites routes to its components,

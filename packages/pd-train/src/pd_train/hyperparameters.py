@@ -176,6 +176,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "ci_masked_recon",
                     "unmasked_recon",
                     "stochastic_recon",
+                    "subset_recon",
                     "chunkwise_subset_recon",
                     "pgd_recon",
                     "persistent_pgd_recon",
