@@ -9,7 +9,7 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config
+from ._cli import tiny_config
 
 
 def test_compile_reports_every_jit_without_weights_or_data(tmp_path: Path, capsys) -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config
+from ._cli import tiny_config
 
 
 def _set(config: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:

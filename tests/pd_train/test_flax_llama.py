@@ -26,7 +26,7 @@ from pd_train.models.hf import load_llama_checkpoint
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 from pd_train.step import Trainer
 
-from .test_recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
+from ._recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_ATOL = 1e-4  # as test_hf_reference.py

@@ -29,8 +29,8 @@ from pd_train.run import prepare
 from pd_train.run_config import load_config
 from pd_train.step import Trainer
 
-from .test_recon import MODEL  # the tiny two-layer Llama the step tests use
-from .test_run import tiny_config
+from ._cli import tiny_config
+from ._recon import MODEL  # the tiny two-layer Llama the step tests use
 
 PD = PDConfig(
     steps=10,

@@ -23,7 +23,7 @@ from pd_train.models.llama_config import LlamaConfig, RopeScaling
 from pd_train.run_config import ARCHITECTURE_PRESETS, target_architecture
 from pd_train.targets.llama import LlamaTargetConfig
 
-from .test_run import TINY_ARCH, tiny_config
+from ._cli import TINY_ARCH, tiny_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

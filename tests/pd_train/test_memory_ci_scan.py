@@ -17,8 +17,8 @@ import pytest
 import pd_train.ci.transformer as transformer_module
 from pd_train.losses.chunk_vjp import scan_map
 
-from .test_ci_transformer import CHUNKWISE, B, T, _setup
-from .test_memory_chunk_vjp import _entry_constant_shapes
+from ._ci_transformer import CHUNKWISE, B, T, _setup
+from ._hlo import _entry_constant_shapes
 
 FAST = {"xla_backend_optimization_level": 0}
 

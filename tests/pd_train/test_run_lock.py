@@ -19,7 +19,7 @@ import yaml
 from pd_train.cli import main
 from pd_train.run import LOCK_FILE, RunDirLock, RunDirLocked
 
-from .test_run import tiny_config
+from ._cli import tiny_config
 
 HOLD = """
 import sys, time
