@@ -19,8 +19,7 @@ from pd_train.losses.chunk_vjp import scan_map
 
 from ._ci_transformer import CHUNKWISE, B, T, _setup
 from ._hlo import _entry_constant_shapes
-
-FAST = {"xla_backend_optimization_level": 0}
+from ._tiny import FAST
 
 
 def _plain_scan_map(fn: Any, diff: Any, nondiff: Any) -> Any:

@@ -83,8 +83,8 @@ def test_four_devices_match_one_device_through_the_aot_path() -> None:
             assert g[name] == pytest.approx(w[name], rel=1e-5, abs=1e-6), name
 
 
-def test_faithfulness_warmup_reports_each_step_as_it_finishes() -> None:
-    trainer = _trainer()
+def test_faithfulness_warmup_reports_each_step_as_it_finishes(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     state = trainer.init_state(key=jax.random.key(1))
     seen: list[tuple[int, float]] = []
     _, losses = trainer.faithfulness_warmup(
@@ -93,8 +93,8 @@ def test_faithfulness_warmup_reports_each_step_as_it_finishes() -> None:
     assert seen == list(enumerate(losses))
 
 
-def test_faithfulness_warmup_reduces_faithfulness() -> None:
-    trainer = _trainer()
+def test_faithfulness_warmup_reduces_faithfulness(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     state = trainer.init_state(key=jax.random.key(1))
     before = jax.device_get(state.params["ci_fn"])
     state, losses = trainer.faithfulness_warmup(state, _target(), steps=10)
@@ -109,9 +109,9 @@ def test_faithfulness_warmup_reduces_faithfulness() -> None:
     assert int(state.step) == 0
 
 
-def test_init_keys_come_from_names() -> None:
+def test_init_keys_come_from_names(tiny_trainer: Trainer) -> None:
     """Decomposing only layer 1's MLP gives exactly layer 1's arrays of the full decomposition."""
-    full = _trainer().init_params(key=jax.random.key(1))
+    full = tiny_trainer.init_params(key=jax.random.key(1))
     part = Trainer(
         TINY,
         _pd(decomposition_targets=(DecompositionTarget(module_pattern="layers.1.mlp.*", C=16),)),
@@ -166,8 +166,8 @@ def test_aot_lowering_on_abstract_inputs_allocates_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_llama_really_decomposes() -> None:
-    trainer = _trainer()
+def test_a_tiny_llama_really_decomposes(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     steps = trainer.pd.steps
     target, tokens = _target(), _tokens()
     state = trainer.init_state(key=jax.random.key(1))
