@@ -23,17 +23,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import pd_init
 
+from ._bitwise import _assert_bitwise
+
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-
-
-def _bits(x: jax.Array) -> np.ndarray:
-    return np.asarray(x).view(np.uint8)
-
-
-def _assert_bitwise(a: jax.Array, b: jax.Array, what: str) -> None:
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    differ = int(np.sum(np.asarray(a) != np.asarray(b)))
-    assert np.array_equal(_bits(a), _bits(b)), f"{what}: {differ} elements differ"
 
 
 def _check_all_paths(

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import pd_init
 from pd_init import _counter
 
-from .test_bit_identity import _assert_bitwise
+from ._bitwise import _assert_bitwise
 
 INITS = (
     pd_init.Uniform(low=-0.3, high=0.7),

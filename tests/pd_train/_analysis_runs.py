@@ -9,14 +9,13 @@ second test module reuses them.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from ._cli import _cli, _finish
 
 CONFIG = {
     "run_name": "analysis",
@@ -55,8 +54,6 @@ CONFIG = {
     },
 }
 
-ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-
 
 @dataclass(frozen=True)
 class Runs:
@@ -66,15 +63,7 @@ class Runs:
 
 
 def _pd_train(*args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pd_train.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ONE_DEVICE},
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    _finish(_cli(*args))
 
 
 def tiny_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:

@@ -28,16 +28,10 @@ from pd_train.analysis import (
 )
 from pd_train.config import DecompositionTarget
 from pd_train.decomposition import build_decomposition
-from pd_train.models.llama_config import LlamaConfig
 
-MODEL = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
+from ._tiny import TINY
+
+MODEL = TINY
 DEC = build_decomposition(
     MODEL,
     [

@@ -159,7 +159,7 @@ def test_site_ci_params_keep_the_names_groups_and_values_they_had() -> None:
     from pd_train.config import DecompositionTarget
     from pd_train.decomposition import build_decomposition
 
-    from .test_recon import MODEL
+    from ._recon import MODEL
 
     dec = build_decomposition(
         MODEL, [DecompositionTarget(module_pattern="layers.*.mlp.up_proj", C=3)]

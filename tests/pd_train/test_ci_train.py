@@ -13,7 +13,7 @@ import pytest
 import pd_sharding
 from pd_train.config import ChunkwiseTransformerCI, GlobalTransformerCI, VectorMLPCI
 
-from .test_step import FAST, TINY, B, T, _pd, _run, _target, _tokens
+from ._tiny import FAST, TINY, B, T, _pd, _run, _target, _tokens
 
 CIS = {
     "chunkwise_transformer": ChunkwiseTransformerCI(

@@ -9,11 +9,11 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config
 
-
-def test_compile_reports_every_jit_without_weights_or_data(tmp_path: Path, capsys) -> None:
-    config = tiny_config(tmp_path, tmp_path / "cache")
+def test_compile_reports_every_jit_without_weights_or_data(
+    tiny_run_config: dict, tmp_path: Path, capsys
+) -> None:
+    config = tiny_run_config
     config["data"]["path"] = None  # compile needs no data, and no weights (random target)
     config["cadence"]["eval_every"] = 4
     config["cadence"]["slow_eval_every"] = 8  # the slow eval is a jit of its own

@@ -12,8 +12,6 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config
-
 
 def _set(config: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     config = copy.deepcopy(config)
@@ -69,9 +67,14 @@ CASES = [
 
 @pytest.mark.parametrize(("path", "value", "message"), CASES, ids=[c[0] for c in CASES])
 def test_bad_config_is_reported_and_leaves_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, value: Any, message: str
+    tiny_run_config: dict,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    path: str,
+    value: Any,
+    message: str,
 ) -> None:
-    config = _set(tiny_config(tmp_path, tmp_path / "cache"), path, value)
+    config = _set(tiny_run_config, path, value)
     config_file = tmp_path / "bad.yaml"
     config_file.write_text(yaml.safe_dump(config))
     assert main(["run", str(config_file)]) == 2
@@ -80,16 +83,20 @@ def test_bad_config_is_reported_and_leaves_nothing(
     assert not (tmp_path / "runs").exists()
 
 
-def test_bad_override_names_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_override_names_its_path(
+    tiny_run_config: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config_file = tmp_path / "c.yaml"
-    config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, tmp_path / "cache")))
+    config_file.write_text(yaml.safe_dump(tiny_run_config))
     assert main(["config", str(config_file), "--set", "pd.stepz=3"]) == 2
     assert "pd.stepz: unknown field" in capsys.readouterr().err
 
 
-def test_config_prints_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_prints_defaults(
+    tiny_run_config: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config_file = tmp_path / "c.yaml"
-    config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, tmp_path / "cache")))
+    config_file.write_text(yaml.safe_dump(tiny_run_config))
     assert main(["config", str(config_file), "--set", "pd.steps=5"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["pd"]["steps"] == 5

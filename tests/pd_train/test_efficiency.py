@@ -18,7 +18,7 @@ from pd_train.flops import (
 )
 from pd_train.outputs import read_metrics
 
-from .test_run import tiny_config
+from ._cli import tiny_config
 
 
 class _Device:

@@ -29,6 +29,8 @@ from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import sample_source
 
+from ._tiny import FAST
+
 MODEL = LlamaConfig(
     vocab_size=32,
     hidden_size=16,
@@ -49,7 +51,6 @@ DEC = build_decomposition(
 )
 SPEC = ForwardSpec(model=MODEL, decomposition=DEC)
 B, T = 2, 6
-FAST = {"xla_backend_optimization_level": 0}
 
 
 @functools.cache
@@ -361,14 +362,9 @@ def test_evaluator_slow_flag_adds_the_recon_metrics_of_its_own_batches(tmp_path:
     from pd_train.evaluate import Evaluator
     from pd_train.step import Trainer, TrainState
 
-    model = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    from ._tiny import TINY
+
+    model = TINY
     pd = PDConfig(
         steps=2,
         batch_size=2,

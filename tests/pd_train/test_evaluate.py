@@ -36,6 +36,8 @@ from pd_train.sources import masks, sample_source
 from pd_train.squash import lower_leaky_hard
 from pd_train.step import Trainer, TrainState
 
+from ._tiny import FAST
+
 
 def test_zeros_source_gives_ci_masks_and_no_delta() -> None:
     ci = jnp.asarray([[0.0, 0.3, 1.0]])
@@ -66,7 +68,6 @@ TINY = LlamaConfig(
 B, T = 4, 8
 THRESHOLD = 0.1
 # Same HLO as the default, compiled with less LLVM optimization: faster to compile on CPU.
-FAST = {"xla_backend_optimization_level": 0}
 
 
 @functools.cache

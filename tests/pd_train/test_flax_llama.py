@@ -26,13 +26,13 @@ from pd_train.models.hf import load_llama_checkpoint
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 from pd_train.step import Trainer
 
-from .test_recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
+from ._recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
+from ._tiny import FAST
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_ATOL = 1e-4  # as test_hf_reference.py
 # Less LLVM optimization for the init and trainer jits: Flax draws each parameter with its own RNG
 # op, and those compile slowly on CPU at the default level.
-FAST = {"xla_backend_optimization_level": 0}
 
 CASES = {
     "gqa_untied_scaled": LlamaConfig(

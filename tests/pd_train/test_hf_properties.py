@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pd_train.models.hf import HFConfigError, llama_config_from_hf, read_hf_config
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 
-from .test_hf_loader import EXPECTED, config_v4, config_v5
+from ._hf import EXPECTED, config_v4, config_v5
 
 SETTINGS = settings(
     max_examples=120,

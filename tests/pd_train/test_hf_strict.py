@@ -25,7 +25,7 @@ from pd_train.models.hf import (
 )
 from pd_train.run_config import TargetConfig
 
-from .test_hf_loader import (
+from ._hf import (
     EXPECTED,
     assert_tree_equal,
     config_v4,

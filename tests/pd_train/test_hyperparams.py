@@ -29,19 +29,11 @@ from pd_train.config import (
     StochasticRecon,
 )
 from pd_train.models import llama
-from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import lr_schedule, schedule_hyperparams, scheduled_lr
 from pd_train.step import Trainer, step_key
 
-TINY = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
-FAST = {"xla_backend_optimization_level": 0}
+from ._tiny import FAST, TINY
+
 B, T = 4, 8
 
 

@@ -29,8 +29,8 @@ from pd_train.run import prepare
 from pd_train.run_config import load_config
 from pd_train.step import Trainer
 
-from .test_recon import MODEL  # the tiny two-layer Llama the step tests use
-from .test_run import tiny_config
+from ._cli import tiny_config
+from ._recon import MODEL  # the tiny two-layer Llama the step tests use
 
 PD = PDConfig(
     steps=10,
@@ -113,8 +113,8 @@ def _expect_refused(exc: ConfigError) -> None:
     assert "'stacked'" in text and "'per_array'" in text, text
 
 
-def test_bad_init_value_is_refused_naming_the_field(tmp_path: Path) -> None:
-    config = tiny_config(tmp_path, tmp_path / "cache")
+def test_bad_init_value_is_refused_naming_the_field(tiny_run_config: dict, tmp_path: Path) -> None:
+    config = tiny_run_config
     with pytest.raises(ConfigError) as by_override:
         prepare(config, ["runtime.init=foo"], for_run=False)
     _expect_refused(by_override.value)
@@ -126,8 +126,10 @@ def test_bad_init_value_is_refused_naming_the_field(tmp_path: Path) -> None:
     assert load_config(config)[0].runtime.init == "per_array"
 
 
-def test_cli_set_bad_init_exits_2_naming_the_field(tmp_path: Path, capsys) -> None:
-    config = tiny_config(tmp_path, tmp_path / "cache")
+def test_cli_set_bad_init_exits_2_naming_the_field(
+    tiny_run_config: dict, tmp_path: Path, capsys
+) -> None:
+    config = tiny_run_config
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["compile", str(path), "--set", "runtime.init=foo"]) == 2

@@ -13,33 +13,7 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config
-
-
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
-    }
-
-
-def _config(tmp: Path, **top: Any) -> Path:
-    raw = tiny_config(tmp, tmp / "cache")
-    raw.update(top)
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def _refused(tmp: Path, capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
-    before = _snapshot(tmp)
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    for word in words:
-        assert word in err, err
-    assert "Traceback" not in err
-    assert _snapshot(tmp) == before  # nothing written
-    assert not (tmp / "runs").exists()
-    return err
+from ._cli import _config, _refused, _snapshot
 
 
 def test_output_dir_that_is_a_file_or_not_creatable(

@@ -23,7 +23,7 @@ from pd_train.models.llama_config import LlamaConfig, RopeScaling
 from pd_train.run_config import ARCHITECTURE_PRESETS, target_architecture
 from pd_train.targets.llama import LlamaTargetConfig
 
-from .test_run import TINY_ARCH, tiny_config
+from ._cli import TINY_ARCH
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -189,10 +189,10 @@ def test_bad_architecture_in_yaml_is_a_config_error_at_its_path() -> None:
 
 
 def test_bad_architecture_override_reaches_the_cli_user(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_run_config: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_file = tmp_path / "c.yaml"
-    config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, tmp_path / "cache")))
+    config_file.write_text(yaml.safe_dump(tiny_run_config))
     argv = ["run", str(config_file), "--set", "target.architecture.hidden_size=30"]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -29,8 +29,9 @@ from pd_train.models.llama_config import LlamaConfig
 from pd_train.squash import lower_leaky_hard
 from pd_train.step import Trainer
 
+from ._tiny import FAST
+
 # Same HLO as the default, compiled with less LLVM optimization: faster to compile on CPU.
-FAST = {"xla_backend_optimization_level": 0}
 
 
 def test_ci_histogram_never_materializes_a_compare_against_all_edges() -> None:
@@ -80,14 +81,9 @@ def test_the_step_s_per_site_l0_equals_the_all_sites_formula() -> None:
     """The train step computes L0 one site at a time (XLA:CPU materialized the compare over every
     site's CI at once as an fp32 buffer alive at the step's peak): the values equal
     :func:`pd_train.losses.l0` over all sites at once, exactly."""
-    tiny = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    from ._tiny import TINY
+
+    tiny = TINY
     pd = PDConfig(
         steps=20,
         batch_size=2,

@@ -5,7 +5,6 @@ one CI-sized buffer, 4.75 GiB per device, less at the production topology's peak
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
@@ -19,9 +18,9 @@ from pd_train._forward import CleanRunner
 from pd_train.losses import all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.losses.recon import layer_windows
 
-from .test_recon import DEC, SPEC, B, T, _data
-
-FAST = {"xla_backend_optimization_level": 0}
+from ._hlo import _entry_constant_shapes
+from ._recon import DEC, SPEC, B, T, _data
+from ._tiny import FAST
 
 
 def _grad_fn(sites_per_chunk: int) -> tuple[Any, Any, Any]:
@@ -131,25 +130,6 @@ def _one_chunk_grad_fn() -> tuple[Any, Any, Any, Any]:
         )
 
     return jax.value_and_grad(loss, argnums=(0, 1, 2)), comps, ci, sources
-
-
-def _entry_constant_shapes(hlo: str) -> set[str]:
-    """Shapes (HLO text, e.g. ``f32[2,2,6,4]``) of the top-level computation's values computed
-    from constants only (zero broadcasts and their copies): XLA may schedule them anywhere."""
-    entry = hlo[hlo.index("\nENTRY ") :]
-    entry = entry[: entry.index("\n}")]
-    const: set[str] = set()
-    shapes = set()
-    for line in entry.splitlines()[1:]:
-        m = re.match(r"\s*(?:ROOT )?%(\S+) = (\w+\[[\d,]*\])\S* (\w[\w-]*)\((.*?)\)", line)
-        if not m:
-            continue
-        name, shape, op, operands = m.groups()
-        names = re.findall(r"%([\w.-]+)", operands)
-        if op == "constant" or (names and all(n in const for n in names)):
-            const.add(name)
-            shapes.add(shape)
-    return shapes
 
 
 def test_one_chunk_backward_allocates_no_constant_zeros_at_the_top_level(

@@ -31,7 +31,7 @@ from pd_train.sources import masks
 from pd_train.squash import lower_leaky_hard, lower_leaky_hard_deferred, unit_clip
 from pd_train.step import Trainer
 
-from .test_step import FAST, TINY
+from ._tiny import FAST, TINY
 
 # Exact 0 and 1, both sides of them, far outside [0, 1].
 X = jnp.asarray([-3.0, -1e-7, 0.0, 1e-7, 0.25, 0.5, 1.0 - 1e-7, 1.0, 1.0 + 1e-7, 2.5])

@@ -17,10 +17,9 @@ import pytest
 import pd_train.ci.transformer as transformer_module
 from pd_train.losses.chunk_vjp import scan_map
 
-from .test_ci_transformer import CHUNKWISE, B, T, _setup
-from .test_memory_chunk_vjp import _entry_constant_shapes
-
-FAST = {"xla_backend_optimization_level": 0}
+from ._ci_transformer import CHUNKWISE, B, T, _setup
+from ._hlo import _entry_constant_shapes
+from ._tiny import FAST
 
 
 def _plain_scan_map(fn: Any, diff: Any, nondiff: Any) -> Any:

@@ -20,7 +20,7 @@ from pd_train._output_paths import directory_problem, file_problem
 from pd_train.cli import main
 
 from ._analysis_runs import Runs, tiny_runs
-from .test_lifecycle_errors import _config, _refused, _snapshot
+from ._cli import _config, _refused, _snapshot
 
 PROC = Path("/proc/pd-output-check")
 

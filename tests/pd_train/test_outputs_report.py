@@ -290,16 +290,10 @@ def _ci_fixture_record() -> dict[str, Any]:
     from pd_train.analysis import EvalComponentStats, component_counts
     from pd_train.config import DecompositionTarget
     from pd_train.decomposition import build_decomposition
-    from pd_train.models.llama_config import LlamaConfig
 
-    model = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    from ._tiny import TINY
+
+    model = TINY
     dec = build_decomposition(
         model,
         [

@@ -15,16 +15,9 @@ import pd_sharding
 from pd_train._config_io import ConfigError
 from pd_train._forward import CleanRunner
 from pd_train.config import (
-    MLPCI,
-    DecompositionTarget,
-    Faithfulness,
-    ImportanceMinimality,
-    OptimizerConfig,
-    PDConfig,
     PersistentPGDRecon,
     PGDOptimizer,
     PGDRecon,
-    StochasticRecon,
 )
 from pd_train.decomposition import site_name
 from pd_train.losses import (
@@ -36,12 +29,10 @@ from pd_train.losses import (
     recon_loss,
     sign_ascent,
 )
-from pd_train.models import llama
 from pd_train.step import Trainer, step_key
 
-from .test_recon import DEC, SPEC, _data
-
-FAST = {"xla_backend_optimization_level": 0}
+from ._pgd import FAST, TINY, B, T, _pd, _target, _tokens, _trainer
+from ._recon import DEC, SPEC, _data
 
 
 # ------------------------------------------------------------------ the ascents by hand
@@ -213,62 +204,6 @@ def test_init_lowerings_list_the_sources_init_jits() -> None:
         assert sorted(map(str, shardings)) == sorted(str(a.sharding) for a in jax.tree.leaves(tree))
     without = Trainer(TINY, attrs.evolve(_pd(), loss_metrics=_pd().loss_metrics[:3]), mesh=mesh)
     assert [name for name, _ in without.init_lowerings(key=key)] == ["init_params"]
-
-
-TINY = llama.LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
-B, T = 8, 8
-
-
-def _pd(scope: str = "bsc", optimizer: str = "adam", n_warmup: int = 2) -> PDConfig:
-    return PDConfig(
-        steps=20,
-        batch_size=B,
-        decomposition_targets=(
-            DecompositionTarget(module_pattern="layers.*.self_attn.q_proj", C=4),
-            DecompositionTarget(module_pattern="layers.*.mlp.down_proj", C=8),
-        ),
-        ci=MLPCI(hidden_dims=(4,)),
-        loss_metrics=(
-            Faithfulness(coeff=100.0),
-            ImportanceMinimality(coeff=1e-3),
-            StochasticRecon(coeff=1.0),
-            PersistentPGDRecon(
-                coeff=0.5,
-                scope=scope,  # type: ignore[arg-type]
-                n_warmup_steps=n_warmup,
-                optimizer=PGDOptimizer(
-                    type=optimizer,  # type: ignore[arg-type]
-                    lr=0.05,
-                    b1=0.5,
-                    b2=0.99,
-                    warmup_frac=0.1,
-                ),
-            ),
-        ),
-        components=OptimizerConfig(lr=1e-3),
-        ci_fn=OptimizerConfig(lr=1e-3),
-    )
-
-
-@functools.cache
-def _target() -> dict:
-    return llama.init_params(TINY, key=jax.random.key(0))
-
-
-def _tokens() -> jax.Array:
-    return jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab_size, (B, T)), jnp.int32)
-
-
-@functools.cache
-def _trainer() -> Trainer:
-    return Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
 
 
 def test_final_ascent_reuses_the_main_backward_as_a_second_backward_would() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_pgd_run import PPGD
-from .test_run import _cli, _finish, tiny_config, write_config
+from ._cli import _cli, _finish, tiny_config, write_config
+from ._pgd import PPGD
 
 
 @pytest.mark.slow

@@ -15,16 +15,8 @@ from pd_train.outputs import read_metrics
 from pd_train.run import _training_item
 from pd_train.step import Trainer
 
-from .test_pgd import TINY, _pd
-from .test_run import _cli, _finish, tiny_config, train_losses, write_config
-
-PPGD = {
-    "type": "persistent_pgd_recon",
-    "coeff": 0.5,
-    "scope": "bsc",
-    "n_warmup_steps": 2,
-    "optimizer": {"type": "adam", "lr": 0.05, "b1": 0.5, "b2": 0.99, "warmup_frac": 0.25},
-}
+from ._cli import _cli, _finish, tiny_config, train_losses, write_config
+from ._pgd import PPGD, TINY, _pd
 
 
 def _config(tmp: Path, cache: Path) -> dict:

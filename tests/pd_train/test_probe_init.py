@@ -13,7 +13,7 @@ import yaml
 from pd_probe import arm_paths
 from pd_train import probe_cli
 
-from .test_probe_end_to_end import SMALL
+from ._probe import SMALL
 
 
 @pytest.mark.slow

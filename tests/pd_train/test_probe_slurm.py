@@ -15,7 +15,7 @@ import yaml
 from pd_probe import arm_paths
 from pd_train import probe_cli
 
-from .test_probe_end_to_end import SMALL
+from ._probe import SMALL
 
 
 def _cluster_problem() -> str | None:

@@ -11,7 +11,7 @@ import yaml
 from pd_train.cli import main
 from pd_train.program_records import RECORDS_DIR
 
-from .test_run import tiny_config
+from ._cli import tiny_config
 
 
 def _explanations(err: str, jit: str = "train_step") -> list[str]:

@@ -29,18 +29,10 @@ from pd_train.decomposition import KindLayout
 from pd_train.flops import CensusContext, step_census
 from pd_train.losses import LOSS_TERMS, LossTerm, TermInputs, register_loss_term
 from pd_train.models import llama
-from pd_train.models.llama_config import LlamaConfig
 from pd_train.step import Trainer, step_key
 
-TINY = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
-FAST = {"xla_backend_optimization_level": 0}
+from ._tiny import FAST, TINY
+
 B, T = 4, 8
 
 

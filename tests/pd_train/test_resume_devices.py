@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pd_train.outputs import earlier_device_count, resume_device_warning
 
-from .test_run import tiny_config, train_losses, write_config
+from ._cli import tiny_config, train_losses, write_config
 
 
 def _run(devices: int, *args: str) -> str:

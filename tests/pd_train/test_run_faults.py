@@ -20,13 +20,7 @@ import yaml
 from pd_train.outputs import read_metrics
 from pd_train.run import LOCK_FILE
 
-from .test_run import _cli, _finish, tiny_config, train_losses, write_config
-
-
-def _snapshot(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
-    }
+from ._cli import _cli, _finish, _snapshot, tiny_config, train_losses, write_config
 
 
 def _steps(run_dir: Path) -> list[str]:

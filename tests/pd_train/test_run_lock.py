@@ -19,8 +19,6 @@ import yaml
 from pd_train.cli import main
 from pd_train.run import LOCK_FILE, RunDirLock, RunDirLocked
 
-from .test_run import tiny_config
-
 HOLD = """
 import sys, time
 from pd_train.run._lock import RunDirLock, RunDirLocked
@@ -54,10 +52,10 @@ def _owner(run_dir: Path) -> dict:
 
 
 def test_second_run_is_refused_naming_the_owner_and_nothing_is_written(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_run_config: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(tmp_path, tmp_path / "cache")))
+    config.write_text(yaml.safe_dump(tiny_run_config))
     run_dir = tmp_path / "run"
     holder = _holder(run_dir)
     try:

@@ -12,8 +12,8 @@ from pd_train.cli import main
 from pd_train.models.hf import CheckpointError
 from pd_train.run import load_target, prepare
 
-from .test_hf_loader import config_v4, hf_tensors, write_checkpoint
-from .test_run import tiny_config, write_config
+from ._cli import tiny_config, write_config
+from ._hf import config_v4, hf_tensors, write_checkpoint
 
 _BAD_CHUNKS = {
     "type": "chunkwise_transformer",

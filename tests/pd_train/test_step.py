@@ -13,85 +13,15 @@ import pytest
 
 import pd_sharding
 from pd_train.config import (
-    MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,
     Faithfulness,
-    FaithfulnessWarmup,
-    FrequencyPenalty,
-    ImportanceMinimality,
-    OptimizerConfig,
-    PDConfig,
     SharedMLPCI,
-    StochasticRecon,
 )
-from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.step import Trainer, step_key
 
-TINY = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
-# Same HLO as the default, compiled with less LLVM optimization: about 2x faster on CPU.
-FAST = {"xla_backend_optimization_level": 0}
-B, T = 8, 16
-
-
-def _pd(**overrides: object) -> PDConfig:
-    """One config for every step test, so one compile serves most of them: it is also the
-    config under which the tiny Llama really decomposes."""
-    config = dict(
-        steps=250,
-        decomposition_targets=(DecompositionTarget(module_pattern="layers.*", C=16),),
-        ci=MLPCI(hidden_dims=(8,)),
-        loss_metrics=(
-            Faithfulness(coeff=1e4),
-            ImportanceMinimality(
-                coeff=1e-3,
-                pnorm_start=2.0,
-                pnorm_end=1.0,
-                eps=1e-6,
-                frequency=FrequencyPenalty(coeff=1e-5),
-            ),
-            StochasticRecon(coeff=1.0),
-            ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=7),
-        ),
-        components=OptimizerConfig(lr=3e-3, warmup_steps=10, final_val_frac=0.1, clip=1.0),
-        ci_fn=OptimizerConfig(lr=3e-3, warmup_steps=10, final_val_frac=0.1, weight_decay=0.01),
-        faithfulness_warmup=FaithfulnessWarmup(steps=200, lr=1e-2),
-    )
-    config.update(overrides)
-    return PDConfig(**config)  # type: ignore[arg-type]
-
-
-@functools.cache
-def _target() -> dict:
-    return llama.init_params(TINY, key=jax.random.key(0))
-
-
-def _tokens() -> jax.Array:
-    return jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab_size, (B, T)), jnp.int32)
-
-
-@functools.cache
-def _trainer() -> Trainer:
-    return Trainer(TINY, _pd(), compiler_options=FAST)
-
-
-def _run(trainer: Trainer, steps: int, *, target: dict, tokens: jax.Array, step_fn=None) -> list:
-    state = trainer.init_state(key=jax.random.key(1))
-    run_key = jax.random.key(2)
-    step_fn = step_fn or trainer.train_step
-    out = []
-    for i in range(steps):
-        state, metrics = step_fn(state, target, tokens, step_key(run_key, i))
-        out.append(trainer.metrics_to_host(metrics))
-    return out
+from ._tiny import FAST, TINY, B, T, _pd, _run, _target, _tokens, _trainer
 
 
 @functools.cache
@@ -153,8 +83,8 @@ def test_four_devices_match_one_device_through_the_aot_path() -> None:
             assert g[name] == pytest.approx(w[name], rel=1e-5, abs=1e-6), name
 
 
-def test_faithfulness_warmup_reports_each_step_as_it_finishes() -> None:
-    trainer = _trainer()
+def test_faithfulness_warmup_reports_each_step_as_it_finishes(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     state = trainer.init_state(key=jax.random.key(1))
     seen: list[tuple[int, float]] = []
     _, losses = trainer.faithfulness_warmup(
@@ -163,8 +93,8 @@ def test_faithfulness_warmup_reports_each_step_as_it_finishes() -> None:
     assert seen == list(enumerate(losses))
 
 
-def test_faithfulness_warmup_reduces_faithfulness() -> None:
-    trainer = _trainer()
+def test_faithfulness_warmup_reduces_faithfulness(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     state = trainer.init_state(key=jax.random.key(1))
     before = jax.device_get(state.params["ci_fn"])
     state, losses = trainer.faithfulness_warmup(state, _target(), steps=10)
@@ -179,9 +109,9 @@ def test_faithfulness_warmup_reduces_faithfulness() -> None:
     assert int(state.step) == 0
 
 
-def test_init_keys_come_from_names() -> None:
+def test_init_keys_come_from_names(tiny_trainer: Trainer) -> None:
     """Decomposing only layer 1's MLP gives exactly layer 1's arrays of the full decomposition."""
-    full = _trainer().init_params(key=jax.random.key(1))
+    full = tiny_trainer.init_params(key=jax.random.key(1))
     part = Trainer(
         TINY,
         _pd(decomposition_targets=(DecompositionTarget(module_pattern="layers.1.mlp.*", C=16),)),
@@ -236,8 +166,8 @@ def test_aot_lowering_on_abstract_inputs_allocates_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_llama_really_decomposes() -> None:
-    trainer = _trainer()
+def test_a_tiny_llama_really_decomposes(tiny_trainer: Trainer) -> None:
+    trainer = tiny_trainer
     steps = trainer.pd.steps
     target, tokens = _target(), _tokens()
     state = trainer.init_state(key=jax.random.key(1))

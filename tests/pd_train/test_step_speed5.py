@@ -13,8 +13,8 @@ from pd_train.config import PersistentPGDRecon, RematConfig, RuntimeConfig
 from pd_train.models import llama
 from pd_train.step import Trainer, step_key
 
-from .test_step import FAST, TINY
-from .test_stepspeed import PD, B, T
+from ._speed import PD, B, T
+from ._tiny import FAST, TINY
 
 
 def _one_step(pd: object, runtime: RuntimeConfig) -> tuple[Trainer, str, dict]:

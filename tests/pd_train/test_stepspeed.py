@@ -8,50 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train.config import (
-    MLPCI,
-    ChunkwiseSubsetRecon,
-    DecompositionTarget,
-    Faithfulness,
-    ImportanceMinimality,
-    OptimizerConfig,
-    PDConfig,
-    PersistentPGDRecon,
-    PGDOptimizer,
     RematConfig,
     RuntimeConfig,
-    StochasticRecon,
 )
 from pd_train.configs import builtin_config
 from pd_train.models import llama
 from pd_train.run_config import load_config
 from pd_train.step import Trainer, step_key
 
-from .test_step import FAST, TINY
-
-B, T = 4, 8
-
-#: Every recon path the default run takes: route-all, chunkwise subset (chunks that cut a
-#: layer, so copy / frozen / live layers all occur) and persistent PGD with warm-up ascents.
-PD = PDConfig(
-    steps=10,
-    batch_size=B,
-    decomposition_targets=(DecompositionTarget(module_pattern="layers.*", C=4),),
-    ci=MLPCI(hidden_dims=(4,)),
-    loss_metrics=(
-        Faithfulness(coeff=100.0),
-        ImportanceMinimality(coeff=1e-3),
-        StochasticRecon(coeff=1.0),
-        ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=5),
-        PersistentPGDRecon(
-            coeff=0.5,
-            scope="bsc",
-            n_warmup_steps=2,
-            optimizer=PGDOptimizer(type="adam", lr=0.05, b1=0.5, b2=0.99),
-        ),
-    ),
-    components=OptimizerConfig(lr=1e-3),
-    ci_fn=OptimizerConfig(lr=1e-3),
-)
+from ._speed import PD, B, T
+from ._tiny import FAST, TINY
 
 
 def _step(recon_layers: bool) -> tuple[Trainer, object, dict]:
@@ -103,7 +69,7 @@ def test_a_one_chunk_plan_is_traced_specialized_with_the_scanned_values() -> Non
     from pd_train._forward import CleanRunner, masked_forward
     from pd_train.losses.recon import all_sites_plan, output_divergence, recon_loss, site_grid
 
-    from .test_recon import DEC, SPEC, _data
+    from ._recon import DEC, SPEC, _data
 
     target, comps, ci, tokens = _data()
     key = jax.random.key(3)
@@ -166,7 +132,7 @@ def test_a_rematerialized_layer_draws_its_sources_once_with_the_same_gradients()
     from pd_train._forward import masked_forward
     from pd_train.losses.recon import site_grid
 
-    from .test_recon import DEC, SPEC, _data
+    from ._recon import DEC, SPEC, _data
 
     target, comps, ci, tokens = _data()
     for live in (site_grid(DEC) >= 0, jnp.asarray(site_grid(DEC) >= 0)):

@@ -14,7 +14,7 @@ import yaml
 
 from pd_train.cli import main
 
-from .test_run import tiny_config, write_config
+from ._cli import tiny_config, write_config
 
 
 def _config(tmp: Path) -> Path:

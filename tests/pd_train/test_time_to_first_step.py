@@ -215,7 +215,7 @@ def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_pat
     from pd_train.run import StepProgram
     from pd_train.step import Trainer
 
-    from .test_pgd import FAST, TINY, T, _pd, _target
+    from ._pgd import FAST, TINY, T, _pd, _target
 
     init_names = {"stacked", "_opt_init", "init_opt_state", "init", "_warmup"}
 
@@ -273,7 +273,7 @@ def test_the_step_starts_loading_before_the_run_attaches_its_recorder(tmp_path: 
     from pd_train.run import StepProgram
     from pd_train.step import Trainer
 
-    from .test_pgd import FAST, TINY, T, _pd
+    from ._pgd import FAST, TINY, T, _pd
 
     trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
     # A miss: the thread waits for the recorder, tracing nothing meanwhile.
