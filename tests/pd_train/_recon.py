@@ -47,3 +47,9 @@ def _data() -> tuple:
         ci[layout.kind] = jnp.asarray(rng.uniform(0, 1, (n, B, T, layout.C)), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, MODEL.vocab_size, (B, T)), jnp.int32)
     return target, comps, ci, tokens
+
+
+def _chi2(counts: np.ndarray) -> float:
+    """Pearson's χ² of ``counts`` against a uniform expectation."""
+    expected = counts.sum() / counts.size
+    return float(((counts - expected) ** 2 / expected).sum())

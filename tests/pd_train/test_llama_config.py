@@ -148,8 +148,9 @@ def test_shipped_architectures_construct() -> None:
     assert isinstance(llama_config_from_hf(TINY_ARCH), LlamaConfig)
     checked = 0
     for path in builtin_configs().values():
-        arch = (yaml.safe_load(path.read_text()).get("target") or {}).get("architecture")
-        if arch is not None:
+        target = yaml.safe_load(path.read_text()).get("target") or {}
+        arch = target.get("architecture")
+        if arch is not None and target.get("type", "llama") == "llama":
             assert isinstance(
                 target_architecture(LlamaTargetConfig(architecture=arch)), LlamaConfig
             )

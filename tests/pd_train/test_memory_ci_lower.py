@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import pd_train.step
+import pd_train.train.trainer
 from pd_train.config import (
     ChunkwiseSubsetRecon,
     ChunkwiseTransformerCI,
@@ -120,7 +120,7 @@ def _loss_and_grads(materialized: bool) -> tuple:
         )
 
     squash = lower_leaky_hard if materialized else lower_leaky_hard_deferred
-    with mock.patch.object(pd_train.step, "lower_leaky_hard_deferred", squash):
+    with mock.patch.object(pd_train.train.trainer, "lower_leaky_hard_deferred", squash):
         compiled = jax.jit(f, compiler_options=FAST).lower(params, state.adversary, offset)
         compiled = compiled.compile()
     (total, aux), grads = compiled(params, state.adversary, offset)

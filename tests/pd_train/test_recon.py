@@ -15,12 +15,7 @@ from pd_train.models import llama
 from pd_train.recon import _routing, all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.sources import masks, sample_source
 
-from ._recon import DEC, MODEL, SPEC, B, T, _data
-
-
-def _chi2(counts: np.ndarray) -> float:
-    expected = counts.sum() / counts.size
-    return float(((counts - expected) ** 2 / expected).sum())
+from ._recon import DEC, MODEL, SPEC, B, T, _chi2, _data
 
 
 def test_routing_draws_k_and_the_subset_per_position() -> None:

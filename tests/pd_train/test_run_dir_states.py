@@ -46,7 +46,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from .test_run import ONE_DEVICE, tiny_config, write_config
+from ._cli import ONE_DEVICE, tiny_config, write_config
 
 STEPS = 6
 SAVE_EVERY = 2

@@ -30,8 +30,8 @@ from pd_train.losses.smooth_l0 import (
 )
 from pd_train.step import Trainer
 
-from .test_pgd import FAST, TINY, _target
-from .test_run import _cli, _finish, tiny_config, train_losses, write_config
+from ._cli import _cli, _finish, tiny_config, train_losses, write_config
+from ._pgd import FAST, TINY, _target
 
 TERM = SmoothL0ImportanceMinimalityTerm()
 # ci_upper [n_k=1, B=1, T=2, C=2]: position 0 (0.5, 0), position 1 (1, 2).

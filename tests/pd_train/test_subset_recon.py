@@ -11,7 +11,7 @@ from pd_train._forward import CleanRunner
 from pd_train.config import SubsetRecon
 from pd_train.losses import LOSS_TERMS, all_sites_subset_plan, recon_loss, routing_masks
 
-from .test_recon import DEC, SPEC, _chi2, _data
+from ._recon import DEC, SPEC, _chi2, _data
 
 FAST = {"xla_backend_optimization_level": 0}
 

@@ -21,8 +21,8 @@ from pd_train.sources import sample_source
 from pd_train.squash import lower_leaky_hard
 from pd_train.step import Trainer
 
+from ._cli import tiny_config, write_config
 from .test_evaluate import FAST, THRESHOLD, TINY, _kl, _setup
-from .test_run import tiny_config, write_config
 
 ROUNDING = 0.5
 

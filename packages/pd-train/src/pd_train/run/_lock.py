@@ -102,7 +102,7 @@ class RunDirLock:
         self.path = self.run_dir / LOCK_FILE
         self.enabled = enabled
         self._fd: int | None = None
-        self._created_dir = False
+        self._created_dirs: list[Path] = []  # made by acquire, deepest first
 
     def owner(self) -> dict[str, Any]:
         return {
@@ -116,8 +116,11 @@ class RunDirLock:
         if not self.enabled or self._fd is not None:
             return self
         if not self.run_dir.exists():
+            missing = [self.run_dir]
+            while not missing[-1].parent.exists():
+                missing.append(missing[-1].parent)
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._created_dir = True
+            self._created_dirs = missing
         try:
             for _ in range(10):
                 if self._create():
@@ -200,10 +203,15 @@ class RunDirLock:
         self._remove_dir()
 
     def _remove_dir(self) -> None:
-        if self._created_dir:
-            with contextlib.suppress(OSError):  # only if nothing else was written there
-                self.run_dir.rmdir()
-            self._created_dir = False
+        """Remove the directories :meth:`acquire` made (the run dir and the parents it had to
+        make, e.g. ``output_dir``), each only if nothing else was written there: a run refused
+        after taking the lock leaves nothing behind."""
+        for made in self._created_dirs:
+            try:
+                made.rmdir()
+            except OSError:  # not empty: the run wrote there
+                break
+        self._created_dirs = []
 
     def __enter__(self) -> RunDirLock:
         return self.acquire()
