@@ -211,8 +211,8 @@ def eval_hyperparam_arrays(trainer: Any, *, abstract: bool = False) -> dict[str,
     values = eval_hyperparams(trainer)
     if abstract:
         return {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding) for k in values}
-    arrays = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
-    return arrays if sharding is None else jax.device_put(arrays, sharding)
+    # From numpy: jnp.asarray of a Python float would compile a convert program.
+    return {k: jax.device_put(np.asarray(v, np.float32), sharding) for k, v in values.items()}
 
 
 def eval_jit(trainer: Any, *, slow: bool = False) -> Any:

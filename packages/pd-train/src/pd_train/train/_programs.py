@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 if TYPE_CHECKING:
     from pd_train.train.trainer import Trainer
@@ -21,7 +22,10 @@ def scalar_dtype(value: Any) -> Any:
 
 
 def scalar_array(value: Any) -> jax.Array:
-    return jnp.asarray(value, scalar_dtype(value))
+    """``value`` as a [] array on the default device, put there from numpy: ``jnp.asarray``
+    of a Python scalar runs (and compiles) a ``convert_element_type`` program, one more compile
+    on every launch and a cache miss in every fresh cache."""
+    return jax.device_put(np.asarray(value, scalar_dtype(value)))
 
 
 class _WithHyperparams:

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import pd_sharding
@@ -112,8 +113,8 @@ class TrainerWarmup:
         warmup = self.pd.faithfulness_warmup
         values = []
         for v in (warmup.lr, warmup.weight_decay):
-            a = jnp.asarray(v, jnp.float32)
-            values.append(a if sharding is None else jax.device_put(a, sharding))
+            # From numpy: jnp.asarray of a Python float would compile a convert program.
+            values.append(jax.device_put(np.asarray(v, np.float32), sharding))
         return values[0], values[1]
 
     def faithfulness_warmup(
