@@ -306,7 +306,9 @@ def test_the_step_starts_loading_before_the_run_attaches_its_recorder(tmp_path: 
     program._thread.join(timeout=60)
     assert program.outcome == "hit" and program.recorder is None
     assert program.load_seconds is not None and program.load_seconds > 0
-    np.testing.assert_array_equal(program.compiled(jnp.ones(3)), 2.0 * np.ones(3))
+    # The loaded program comes bound to the trainer's hyperparameters (called with four
+    # arguments); the stored one underneath is the dummy.
+    np.testing.assert_array_equal(program.compiled.compiled(jnp.ones(3)), 2.0 * np.ones(3))
 
 
 def test_exit_now_skips_the_teardown_but_not_the_output(tmp_path: Path) -> None:
