@@ -888,7 +888,9 @@ def _load_params(
         if not jnp.issubdtype(want_dtype, jnp.floating):
             msg = f"dtype: got {want_dtype}; expected a floating dtype (float32, bfloat16, float16)"
             raise CheckpointError(msg)
-    placements = _resolve_shardings(shardings, layout)
+    # Not for a check: resolving the default placement asks JAX for its devices, which starts
+    # the backend (before jax.distributed.initialize in a multi-process run's validation).
+    placements = None if check_only else _resolve_shardings(shardings, layout)
     entries: list[tuple[tuple[str, ...], _Param]] = [
         ((k,), p) for k, p in layout.items() if k != "layers"
     ]
@@ -920,6 +922,7 @@ def _load_params(
             return {}
         np_dtype = want_dtype or np.dtype(_np_dtype(next(iter(stored))))
 
+        assert placements is not None
         params: dict[str, Any] = {"layers": {}}
         for keys, param in entries:
             sharding = placements[keys[0]] if len(keys) == 1 else placements["layers"][keys[1]]
