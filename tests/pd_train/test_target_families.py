@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,17 +58,31 @@ class _OutsideConfig(TargetConfig):
     width: int = 3
 
 
-_OUTSIDE = register_target(
-    TargetKind(
-        name="outside_test_kind",
-        config=_OutsideConfig,
-        architecture=lambda config, *, base: ("outside", config.width),
-        load=lambda *a, **k: None,
-        owns=lambda model: False,
-        target=lambda model: None,
-        shardings=lambda model, layout, params: None,
-    )
+_OUTSIDE = TargetKind(
+    name="outside_test_kind",
+    config=_OutsideConfig,
+    architecture=lambda config, *, base: ("outside", config.width),
+    load=lambda *a, **k: None,
+    owns=lambda model: False,
+    target=lambda model: None,
+    shardings=lambda model, layout, params: None,
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _outside_kind_registered() -> Iterator[None]:
+    """The outside kind is registered for this module's tests only: registered at import, it
+    would leak into every later walk of the schema (the config reference, the field
+    classification) of the whole session."""
+    from pd_train._config_io import tagged_family
+    from pd_train.targets import registry
+
+    register_target(_OUTSIDE)
+    try:
+        yield
+    finally:
+        registry._KINDS.pop(_OUTSIDE.name, None)
+        tagged_family(TargetConfig).members.pop(_OUTSIDE.name, None)
 
 
 def test_a_target_without_type_is_llama_and_each_type_picks_its_kind() -> None:

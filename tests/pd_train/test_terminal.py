@@ -341,7 +341,10 @@ def _check_lines(out: str) -> list[str]:
     for line in lines:
         announcements = re.findall(r"\bcompil(?:ing|ed)\b", line)
         assert len(announcements) <= 1, line
-        if announcements:  # at the line's start (or pd's alarm line, or a log line's message)
+        progress = re.match(r"(\[[#-]+\] )?step \d+/\d+ \(", line)
+        if announcements and not progress:
+            # At the line's start (or pd's alarm line, or a log line's message); a progress
+            # line may name a background compile in its provisional ETA's note.
             assert re.match(r"(compil(ing|ed) |cache miss: |pd: |\d{4}-\d\d-\d\d )", line), line
         if re.search(r"step \d+/\d+ \(", line):
             assert re.match(r"(\[[#-]+\] )?step \d+/\d+ \(", line), line
