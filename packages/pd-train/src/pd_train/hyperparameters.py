@@ -46,7 +46,9 @@ __all__ = [
     "markdown_table",
     "schema_path",
     "schema_paths",
+    "split_leaves",
     "structural_fields",
+    "structural_leaves",
     "value_fields",
 ]
 
@@ -415,6 +417,10 @@ FIELDS: tuple[FieldClass, ...] = tuple(
 CONSTANT_VALUE_FIELDS: frozenset[str] = frozenset()
 
 _BY_PATH = {f.path: f for f in FIELDS}
+#: Classified paths that are optional sections with classified fields of their own
+#: (``pd.eval_pgd``, importance minimality's ``frequency``): present or null is the section's
+#: class, its fields have theirs.
+_SECTIONS = frozenset(p for p in _BY_PATH if any(q.startswith(p + ".") for q in _BY_PATH))
 
 #: Value fields that enter every program as data (or never reach a program), so a change of
 #: one alone loads every program from the cache: all but :data:`CONSTANT_VALUE_FIELDS` (the
@@ -444,6 +450,39 @@ def leaf_class(path: str, raw: Mapping[str, Any]) -> FieldClass:
     if path.endswith(".type"):
         return FieldClass(schema, "structural", "which loss term or CI function this is")
     return classify(schema)
+
+
+def split_leaves(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(structural, values)``: ``{concrete path: value}`` of the structural and the value
+    leaves of the unstructured config ``raw`` (:func:`config_leaves`; outside leaves are in
+    neither). A value with a structural switch also adds its switch to the structural leaves
+    (``pd.components.clip is null``: True or False; ``pd.faithfulness_warmup.steps == 0``). A
+    leaf that no list classifies counts as structural: a key that misses is safe, one that
+    hits wrongly is not. ``raw`` may be part of a run config (``{"pd": ..., "runtime": ...}``):
+    paths are read from its root."""
+    structural: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for path, value in config_leaves(raw).items():
+        try:
+            field = leaf_class(path, raw)
+        except KeyError:
+            structural[path] = value
+            continue
+        if field.kind == "structural":
+            structural[path] = value
+        elif field.kind == "value":
+            values[path] = value
+            if field.switch == "null":
+                structural[f"{path} is null"] = value is None
+            elif field.switch == "zero":
+                structural[f"{path} == 0"] = value == 0
+    return structural, values
+
+
+def structural_leaves(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The structural half of :func:`split_leaves`: what a program's cache key must hold of
+    a config (every value enters the programs as an argument, DESIGN decision 9)."""
+    return split_leaves(raw)[0]
 
 
 def structural_fields() -> list[str]:
@@ -553,8 +592,9 @@ def config_leaves(raw: Mapping[str, Any]) -> dict[str, Any]:
     known = set(_BY_PATH)
 
     def visit(node: Any, path: str) -> None:
-        if path and schema_path(path, raw) in known:
-            if not (isinstance(node, Mapping) and path.endswith("eval_pgd")):
+        schema = schema_path(path, raw) if path else ""
+        if schema in known:
+            if not (isinstance(node, Mapping) and schema in _SECTIONS):
                 leaves[path] = node
                 return
             leaves[path] = "set"  # an optional section that is present: its fields follow

@@ -80,19 +80,7 @@ def fingerprint(config: Any, model: Any = None) -> dict[str, dict[str, Any]]:
     resolved architecture (a LlamaConfig), recorded as structural fields too."""
     from pd_train._config_io import unstructure
 
-    raw = unstructure(config)
-    structural: dict[str, Any] = {}
-    values: dict[str, Any] = {}
-    for path, value in hyperparameters.config_leaves(raw).items():
-        field = hyperparameters.leaf_class(path, raw)
-        if field.kind == "structural":
-            structural[path] = value
-        elif field.kind == "value":
-            values[path] = value
-            if field.switch == "null":
-                structural[f"{path} is null"] = value is None
-            elif field.switch == "zero":
-                structural[f"{path} == 0"] = value == 0
+    structural, values = hyperparameters.split_leaves(unstructure(config))
     structural.update(_architecture(model))
     return _jsonable({"structural": structural, "values": values, "environment": environment()})
 

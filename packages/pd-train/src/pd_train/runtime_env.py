@@ -134,12 +134,30 @@ def source_digest() -> str:
     return _source_digest(TRACED_PACKAGES)
 
 
+#: JAX options that say where and when programs are cached, not what they compute
+#: (``runtime.compile_cache.*`` is *outside* the programs, :mod:`pd_train.hyperparameters`):
+#: left out of :func:`program_key`, so that the same program keeps its key whatever the cache's
+#: directory or thresholds.
+UNKEYED_JAX_OPTIONS = frozenset(
+    {
+        "jax_enable_compilation_cache",
+        "jax_compilation_cache_dir",
+        "jax_compilation_cache_max_size",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+        "jax_persistent_cache_enable_xla_caches",
+        "jax_explain_cache_misses",
+    }
+)
+
+
 def program_key(name: str, *parts: Any, source: str | None = None) -> str:
     """A hex key for the program ``name`` built from ``parts`` (reprs of its static inputs:
     configs, abstract arguments) in this environment: the traced packages' source
     (``source``, a :func:`source_digest`; read now if None), the versions of jax and the
-    libraries it traces, the backend and its devices, ``XLA_FLAGS``, and JAX's configuration.
-    Equal keys mean the same traced program on the same backend."""
+    libraries it traces, the backend and its devices, ``XLA_FLAGS``, and JAX's configuration
+    (but for the compile cache's own options, :data:`UNKEYED_JAX_OPTIONS`). Equal keys mean the
+    same traced program on the same backend."""
     import hashlib
     import importlib.metadata
     import sys
@@ -154,7 +172,7 @@ def program_key(name: str, *parts: Any, source: str | None = None) -> str:
     config = sorted(
         (k, repr(v))
         for k, v in jax.config.values.items()
-        if isinstance(v, str | int | float | bool | type(None))
+        if isinstance(v, str | int | float | bool | type(None)) and k not in UNKEYED_JAX_OPTIONS
     )
     context = [
         name,

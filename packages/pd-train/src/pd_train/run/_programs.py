@@ -237,17 +237,48 @@ class StepProgram:
 
 def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:
     """The executable-cache key of the trainer's program ``name`` (``train_step``,
-    ``eval_metrics``): its static inputs (the trainer's configs, T, compiler options, mesh,
-    target dtype; its abstract arguments follow from them) and ``source``, a
-    :func:`pd_train.runtime_env.source_digest`."""
+    ``eval_metrics``, an init jit with its arguments' signature): its static inputs and
+    ``source``, a :func:`pd_train.runtime_env.source_digest`.
+
+    The static inputs are :func:`program_inputs`: the *structural* fields of the trainer's
+    configs (:func:`pd_train.hyperparameters.structural_leaves`), the target's architecture,
+    T, compiler options, mesh and target dtype. Value fields (coefficients, lrs and their
+    schedules, p, step counts, thresholds) are not part of it: every program takes them as an
+    argument (:meth:`pd_train.train.Trainer.hyperparams`, :func:`pd_train.evaluate.eval_hyperparams`,
+    the warm-up's lr and weight decay), so a program compiled under one value serves every
+    other, called with this trainer's values (tests/pd_train/test_cache_key.py)."""
     from pd_train.runtime_env import program_key
 
+    return program_key(name, *program_inputs(trainer, target_dtype), source=source)
+
+
+def program_inputs(trainer: Any, target_dtype: Any) -> list[Any]:
+    """What :func:`trainer_program_key` hashes of ``trainer`` besides the environment:
+    ``[structural fields, hyperparameter signature, architecture, T, compiler options, mesh,
+    target dtype]``. The hyperparameter signature (the trees of the step's and the eval's
+    scalars, each leaf's type) follows from the structural fields; it is here so that a
+    program never loads for arguments of another structure."""
+    import json
+
+    from pd_train import hyperparameters
+    from pd_train._config_io import unstructure
+    from pd_train.evaluate import eval_hyperparams
+
     t = trainer
+    raw = {"pd": unstructure(t.pd), "runtime": unstructure(t.runtime)}
+    structural = json.dumps(hyperparameters.structural_leaves(raw), sort_keys=True, default=repr)
+    signature = [_types(t.hyperparams()), _types(eval_hyperparams(t))]
     mesh = None if t.mesh is None else (dict(t.mesh.shape), t.mesh.devices.tolist())
-    return program_key(
-        name, t.model, t.pd, t.runtime, t.seq_len, t.compiler_options, mesh, str(target_dtype),
-        source=source,
-    )  # fmt: skip
+    return [
+        structural, signature, t.model, t.seq_len, t.compiler_options, mesh, str(target_dtype)
+    ]  # fmt: skip
+
+
+def _types(tree: Any) -> str:
+    """``tree`` with each leaf replaced by its type's name (``float``, ``int``)."""
+    import jax
+
+    return repr(jax.tree.map(lambda v: type(v).__name__, tree))
 
 
 class _Labelled:
