@@ -77,11 +77,14 @@ def missed_jits(run_dir: Path) -> list[str]:
     return missed
 
 
-def launch(config: str, cache: Path, out: Path, overrides: list[str]) -> tuple[float, list[str]]:
+def launch(
+    config: str, cache: Path, out: Path, overrides: list[str]
+) -> tuple[float, float, list[str]]:
+    """(wall seconds to the end of step 0, the launch's CPU seconds by then, missed jits)."""
     before = set(out.iterdir())
-    wall, _, _ = first_step_seconds(config, cache, out, overrides)
+    wall, cpu, _ = first_step_seconds(config, cache, out, overrides)
     (run_dir,) = set(out.iterdir()) - before
-    return wall, missed_jits(run_dir)
+    return wall, float("nan") if cpu is None else cpu, missed_jits(run_dir)
 
 
 def main() -> None:
@@ -95,31 +98,39 @@ def main() -> None:
     if args.only:
         wanted = set(args.only.split(","))
         changes = [c for c in changes if c[0] in wanted or c[1].split("=")[0] in wanted]
-    rows: list[tuple[str, str, str, float, list[str]]] = []
+    rows: list[tuple[str, str, str, float, float, list[str]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(tmp) / "cache", Path(tmp) / "runs"
         out.mkdir()
-        cold, cold_missed = launch(args.config, cache, out, BASE)
-        rows.append(("cold (empty cache)", "-", "-", cold, cold_missed))
-        warm, warm_missed = launch(args.config, cache, out, BASE)
-        rows.append(("warm (same config)", "-", "-", warm, warm_missed))
+        cold, cold_cpu, cold_missed = launch(args.config, cache, out, BASE)
+        rows.append(("cold (empty cache)", "-", "-", cold, cold_cpu, cold_missed))
+        warm, warm_cpu, warm_missed = launch(args.config, cache, out, BASE)
+        rows.append(("warm (same config)", "-", "-", warm, warm_cpu, warm_missed))
         for label, override in changes:
             kind = field_kind(args.config, override)
-            wall, missed = launch(args.config, cache, out, [*BASE, override])
-            rows.append((label, override, kind, wall, missed))
+            wall, cpu, missed = launch(args.config, cache, out, [*BASE, override])
+            rows.append((label, override, kind, wall, cpu, missed))
             print(f"{label}: {wall:.1f} s, missed {missed or 'nothing'}", file=sys.stderr)
-    print("| change | override | field | time to step 0 | /cold | jits that missed the cache |")
-    print("|---|---|---|---:|---:|---|")
-    for label, override, kind, wall, missed in rows:
+    print(
+        "| change | override | field | time to step 0 | /cold | CPU s to step 0 | /cold "
+        "| jits that missed the cache |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---|")
+    for label, override, kind, wall, cpu, missed in rows:
         shown = ", ".join(missed) if missed else "none (all hit)"
-        print(f"| {label} | `{override}` | {kind} | {wall:.1f} s | {wall / cold:.2f} | {shown} |")
+        print(
+            f"| {label} | `{override}` | {kind} | {wall:.1f} s | {wall / cold:.2f} | "
+            f"{cpu:.1f} | {cpu / cold_cpu:.2f} | {shown} |"
+        )
     values: list[tuple[Any, ...]] = [r for r in rows if r[2] == "value"]
-    hit = sum(not r[4] for r in values)
+    hit = sum(not r[5] for r in values)
     worst = max((r[3] for r in values), default=float("nan"))
+    worst_cpu = max((r[4] for r in values), default=float("nan"))
     structural = [r for r in rows if r[2] == "structural"]
     print(
-        f"\nstructural changes that missed: {sum(bool(r[4]) for r in structural)} of "
-        f"{len(structural)}; warm (same config) {warm / cold:.2f} of cold"
+        f"\nstructural changes that missed: {sum(bool(r[5]) for r in structural)} of "
+        f"{len(structural)}; warm (same config) {warm / cold:.2f} of cold; the slowest value "
+        f"change's CPU s to step 0 over the cold launch's: {worst_cpu / cold_cpu:.2f}"
     )
     print(
         f"config change: {hit} of {len(values)} value changes hit the cache, "

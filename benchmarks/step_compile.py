@@ -34,6 +34,10 @@ Then the shipped configs' recon plan (``--all-sites-layers``, empty skips it;
 in one masked forward, per-position uniform-k routing) at each layer count. Prints
 ``all-sites step compile: 32L / 2L R.RRx`` (CPU time; goal ≤ 1.5).
 
+``--step-time-vs WORKTREE`` runs only the step time at 8Lx8c, this checkout against the code
+of another worktree (each arm in its own processes, alternating), and prints last
+``step time, hyperparameters as data / as constants: R.RRx (CPU R.RRx)``.
+
 Then persistent PGD (``--ppgd-warmups``, empty skips it; ``--ppgd-only`` runs only it): the
 scanned step at 8 layers (width as above, 4 recon chunks) plus a ``persistent_pgd_recon`` term
 (bsc, Adam) with each given ``n_warmup_steps``. The warmup ascents are a ``lax.fori_loop``, so
@@ -160,6 +164,14 @@ def compile_arm(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh) ->
 def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, steps: int) -> float:
     """Fastest wall seconds of ``steps`` executed steps (after one warm-up step): the minimum
     is the figure least disturbed by other work on a shared machine."""
+    return step_time_cpu(layers, chunks, loop, mesh, steps)[0]
+
+
+def step_time_cpu(
+    layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, steps: int
+) -> tuple[float, float]:
+    """(:func:`step_time`, this process's CPU seconds per timed step: all its threads, the
+    compile and the warm-up step excluded)."""
     jax.clear_caches()
     tr = trainer(layers, chunks, loop, mesh)
     target = llama.init_params(tr.model, key=jax.random.key(0))
@@ -171,12 +183,59 @@ def step_time(layers: int, chunks: int, loop: str, mesh: jax.sharding.Mesh, step
     state, metrics = tr.train_step(state, target, tokens, step_key(run_key, 0))
     jax.block_until_ready(metrics)
     times = []
+    cpu = time.process_time()
     for i in range(1, steps + 1):
         start = time.perf_counter()
         state, metrics = tr.train_step(state, target, tokens, step_key(run_key, i))
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    return min(times)
+    return min(times), (time.process_time() - cpu) / steps
+
+
+def compare_step_time(old: str, steps: int, rounds: int) -> None:
+    """The step time at 8Lx8c (scan) of this checkout (the hyperparameters an argument of the
+    step) against the code in the worktree ``old`` (e.g. the commit before the
+    hyperparameters-as-data merge, whose step has them as constants): each arm in its own
+    process (``old``'s packages first on ``PYTHONPATH``), ``rounds`` alternating rounds, the
+    fastest step of each arm kept. Prints a table and, last,
+    ``step time, hyperparameters as data / as constants: R.RRx``."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    packages = Path(old).resolve() / "packages"
+    old_path = os.pathsep.join(str(p / "src") for p in sorted(packages.iterdir()))
+    arms = {"data (this checkout)": None, f"constants ({old})": old_path}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, path in arms.items():
+            env = dict(os.environ)
+            if path is not None:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+            out = subprocess.run(
+                [sys.executable, __file__, "--step-time-arm", "--steps", str(steps)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            wall, cpu, source = json.loads(out.stdout.strip().splitlines()[-1])
+            results[name].append((wall, cpu))
+            print(f"{name}: {wall * 1e3:.0f} ms, {cpu:.2f} CPU s/step ({source})", flush=True)
+    print(f"\nStep time at 8Lx8c (scan), fastest of {steps} steps per process, {rounds} processes")
+    print("per arm; CPU s: the process's CPU seconds per timed step (all threads), min over its")
+    print("processes.")
+    print("| arm | fastest step ms | CPU s per step |")
+    print("|---|---:|---:|")
+    best = {name: (min(w for w, _ in r), min(c for _, c in r)) for name, r in results.items()}
+    for name, (wall, cpu) in best.items():
+        print(f"| {name} | {wall * 1e3:.0f} | {cpu:.2f} |")
+    (data_wall, data_cpu), (const_wall, const_cpu) = best.values()
+    print(
+        f"step time, hyperparameters as data / as constants: {data_wall / const_wall:.2f}x "
+        f"(CPU {data_cpu / const_cpu:.2f}x)"
+    )
 
 
 def ci_compile_arm(chunks: int, mesh: jax.sharding.Mesh, layers: int = 32) -> Arm:
@@ -324,7 +383,26 @@ def main() -> None:
         "config, e.g. builtin:smollm2-all (SmolLM2-135M, 210 sites); --layers cap at its depth; "
         "skips the CI and persistent-PGD arms",
     )
+    parser.add_argument(
+        "--step-time-vs",
+        metavar="WORKTREE",
+        help="only the step time at 8Lx8c, this checkout against the code of WORKTREE (each in "
+        "its own process, alternating; e.g. the commit before hyperparameters became data)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="processes per arm (--step-time-vs)")
+    parser.add_argument("--step-time-arm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.step_time_arm:  # one arm of --step-time-vs: JSON [wall s, CPU s, pd_train's path]
+        import json
+
+        import pd_train
+
+        wall, cpu = step_time_cpu(8, 8, "scan", pd_sharding.make_mesh(data=8), args.steps)
+        print(json.dumps([wall, cpu, str(pd_train.__file__)]))
+        return
+    if args.step_time_vs:
+        compare_step_time(args.step_time_vs, args.steps, args.rounds)
+        return
     if args.target:
         from _target import load_target
 

@@ -26,8 +26,8 @@ from pd_train import hyperparameters
 from pd_train._config_io import parse_path, structure, unstructure
 from pd_train.config import (
     MLPCI,
-    CIMaskedRecon,
     ChunkwiseSubsetRecon,
+    CIMaskedRecon,
     DecompositionTarget,
     Faithfulness,
     FaithfulnessWarmup,
@@ -249,9 +249,7 @@ STRUCTURAL_CHANGES: dict[str, Any] = {
     "pd.batch_size": lambda pd: attrs.evolve(pd, batch_size=2 * B),
     "pd.decomposition_targets[*].C": lambda pd: attrs.evolve(
         pd,
-        decomposition_targets=(
-            DecompositionTarget(module_pattern="layers.*.mlp.down_proj", C=5),
-        ),
+        decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.down_proj", C=5),),
     ),
     "pd.ci[type=mlp].hidden_dims": lambda pd: attrs.evolve(pd, ci=MLPCI(hidden_dims=(5,))),
     "pd.loss_metrics[type=stochastic_recon].n_samples": lambda pd: attrs.evolve(

@@ -19,8 +19,9 @@ class StepProgram:
     the target, initializes the state and runs the faithfulness warmup; JAX's persistent cache
     applies as before. With the compile cache on (in a single-process run) the compiled
     program is also kept in an :class:`pd_train.runtime_env.ExecutableCache` beside it, keyed
-    by the step's configs, pd's source and the environment, so that a later launch loads it
-    without tracing or lowering. If building fails, or the program refuses the first step's
+    by the structural fields of the step's configs, pd's source and the environment
+    (:func:`trainer_program_key`), so that a later launch loads it without tracing or lowering,
+    also one whose config differs in values only (they are the step's arguments). If building fails, or the program refuses the first step's
     arguments, the step falls back to the trainer's jit (compiled at its first call) with a
     warning.
 
@@ -147,8 +148,9 @@ class StepProgram:
         trainer's name for it (``init: init_params``, ``init: init_sources``: pd-init names
         both jits ``stacked``; :func:`pd_train.outputs.compile_label`) and, with this program's
         executable cache, serves them from it: each is loaded, or lowered, compiled and stored
-        (when compiled here, as the step), keyed by its name, the trainer's configs, the source
-        and its arguments' shapes, dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
+        (when compiled here, as the step), keyed by its name, the structural fields of the
+        trainer's configs (:func:`trainer_program_key`), the source and its arguments' shapes,
+        dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
         if self.cache is None:
             return lambda name, jit, args, kwargs: _Labelled(name, jit)
         from pd_train.runtime_env import ProgramOrJit, source_digest
