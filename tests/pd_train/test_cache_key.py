@@ -190,9 +190,15 @@ def _digest(trainer: Trainer, program: str) -> str:
         lowered = trainer.lower_step(batch_size=B, seq_len=T, target_dtype=jnp.float32)
     elif program == "eval":
         lowered = lower_eval(trainer, batch_size=B, seq_len=T, target_dtype=jnp.float32)
-    else:
-        lowered = trainer.lower_warmup(jnp.float32)
-    return hashlib.sha256(str(lowered.as_text()).encode()).hexdigest()
+    else:  # the warm-up's step and its optimizer's init
+        components = trainer.abstract_params()["components"]
+        init = trainer._warmup_init.lower(components).as_text()
+        return _sha(str(trainer.lower_warmup(jnp.float32).as_text()) + str(init))
+    return _sha(str(lowered.as_text()))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @functools.cache
