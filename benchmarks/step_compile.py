@@ -196,7 +196,7 @@ def compare_step_time(old: str, steps: int, rounds: int) -> None:
     """The step time at 8Lx8c (scan) of this checkout (the hyperparameters an argument of the
     step) against the code in the worktree ``old`` (e.g. the commit before the
     hyperparameters-as-data merge, whose step has them as constants): each arm in its own
-    process (``old``'s packages first on ``PYTHONPATH``), ``rounds`` alternating rounds, the
+    process (``old``'s packages first on ``PYTHONPATH``), ``rounds`` rounds in ABBA order, the
     fastest step of each arm kept. Prints a table and, last,
     ``step time, hyperparameters as data / as constants: R.RRx``."""
     import json
@@ -208,8 +208,9 @@ def compare_step_time(old: str, steps: int, rounds: int) -> None:
     old_path = os.pathsep.join(str(p / "src") for p in sorted(packages.iterdir()))
     arms = {"data (this checkout)": None, f"constants ({old})": old_path}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
-    for _ in range(rounds):
-        for name, path in arms.items():
+    for round_ in range(rounds):
+        order = list(arms.items())
+        for name, path in order if round_ % 2 == 0 else order[::-1]:  # ABBA: no arm always first
             env = dict(os.environ)
             if path is not None:
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
