@@ -28,7 +28,7 @@ from pd_train.step import Trainer
 
 from ._cli import tiny_config, write_config
 from ._tiny import FAST, TINY, _pd, _run, _target, _tokens
-from .test_loss_pins import CI, KINDS, SPEC, C, R, U, V, W, X, _pd_inputs
+from .test_loss_pins import CI, KINDS, SPEC, C, R, U, V, W, X, _f32, _pd_inputs
 
 TERM = "stochastic_hidden_acts_recon"
 
@@ -238,3 +238,93 @@ def test_bad_fields_are_refused_by_field_path(
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- global sites
+GLOBAL_CASES = {
+    "embed_layer1_head": ("embed_tokens", "layers.1.*", "lm_head"),
+    "layer1_head": ("layers.1.*", "lm_head"),
+}
+
+
+@pytest.mark.parametrize("case", list(GLOBAL_CASES))
+def test_embedding_and_lm_head_sites_by_a_written_out_forward(case: str) -> None:
+    """The embedding contributes its looked-up rows V[tokens] path vs W[tokens], the LM head its
+    logits; layers before the first decomposed one are the clean model's (no embedding site:
+    the pass starts at layer 1)."""
+    from pd_train.config import DecompositionTarget
+    from pd_train.decomposition import build_decomposition
+
+    c = 6
+    dec = build_decomposition(
+        TINY, [DecompositionTarget(module_pattern=p, C=c) for p in GLOBAL_CASES[case]]
+    )
+    spec = ForwardSpec(model=TINY, decomposition=dec)
+    target, tokens = _target(), _tokens()
+    rng = np.random.default_rng(3)
+    b, t = tokens.shape
+    comps, ci, sources = {}, {}, {}
+    for k in dec.kinds:
+        n = len(k.layers)
+        comps[k.kind] = {
+            "V": _f32(rng.standard_normal((n, k.d_in, c)) * 0.3),
+            "U": _f32(rng.standard_normal((n, c, k.d_out)) * 0.3),
+        }
+        ci[k.kind] = _f32(rng.uniform(0, 1, (n, b, t, c)))
+        sources[k.kind] = _f32(rng.uniform(0, 1, (n, b, t, c + 1)))
+    sites = {(s.layer, s.kind): s for s in dec.sites}
+
+    def live(kind: str, index: int, inner: jax.Array, xw: jax.Array) -> jax.Array:
+        m = ci[kind][index] + (1 - ci[kind][index]) * sources[kind][index][..., :c]
+        delta = sources[kind][index][..., c:]
+        return ((inner * (m - delta)) @ comps[kind]["U"][index]) + delta * xw
+
+    def outputs(masked: bool) -> list[jax.Array]:
+        rec: list[jax.Array] = []
+        rows = target["embed_tokens"][tokens]
+        if "embed_tokens" in dec.kind_names:
+            if masked:
+                rows = live("embed_tokens", 0, comps["embed_tokens"]["V"][0][tokens], rows)
+            rec.append(rows)
+        h = rows
+        cos, sin = llama.rope_cos_sin(TINY, t, jnp.float32)
+        for layer in range(TINY.num_hidden_layers):
+
+            def linear(kind: str, x: jax.Array, w: jax.Array, layer: int = layer) -> jax.Array:
+                y = x @ w
+                site = sites.get((layer, kind))
+                if site is not None:
+                    if masked:
+                        y = live(kind, site.index, x @ comps[kind]["V"][site.index], y)
+                    rec.append(y)
+                return y
+
+            layer_params = jax.tree.map(lambda a, i=layer: a[i], target["layers"])
+            h = llama.decoder_layer(h, layer_params, cos, sin, TINY, linear)
+
+        def head(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+            y = x @ w
+            if masked:
+                y = live("lm_head", 0, x @ comps["lm_head"]["V"][0], y)
+            rec.append(y)
+            return y
+
+        llama.unembed(target, h, TINY, head)
+        return rec
+
+    clean_out, masked_out = outputs(False), outputs(True)
+    want = sum(float(jnp.sum((m - cl) ** 2)) for m, cl in zip(masked_out, clean_out, strict=True))
+    want /= sum(x.size for x in clean_out)
+    got = jax.jit(
+        lambda: hidden_acts_recon(
+            spec,
+            target=target,
+            tokens=tokens,
+            components=comps,
+            ci_lower=ci,
+            key=jax.random.key(0),
+            sources=sources,
+        )
+    )()
+    assert want > 0
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
