@@ -129,3 +129,59 @@ def test_one_device_is_the_numpy_gather_of_the_drawn_rows() -> None:
     # Shared (sc) sources [n_k, 1, T, C + 1] pass unchanged.
     shared = {"q_proj": jnp.asarray(src["q_proj"][:, :1])}
     assert eval_sources(shared, B_EVAL, key=key)["q_proj"].shape == (2, 1, T, C["q_proj"] + 1)
+
+
+def _full_source_moves(hlo: str, n_k: dict[str, int], t: int, c: dict[str, int]) -> list[str]:
+    """Collective lines whose result holds rows of persistent sources: a shape ending in
+    [T, C + 1] of a decomposed kind (nothing else in the eval program ends so)."""
+    tails = {(t, c_k + 1) for c_k in c.values()}
+    moved = []
+    for line in _collectives(hlo):
+        result = line.split("=", 1)[1].split("all-")[0].split("collective-")[0]
+        for dims in re.findall(r"\[([\d,]+)\]", result):
+            shape = tuple(int(d) for d in dims.split(","))
+            if len(shape) >= 2 and shape[-2:] in tails:
+                moved.append(line)
+    return moved
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(jax.devices()) < N_DEV, reason="needs 8 (simulated) devices")
+def test_the_compiled_eval_program_gathers_no_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eval jit of a persistent-PGD (bsc) trainer on 8 devices: no collective carries rows
+    of the sources; with the global draw (no layout) one does."""
+    import attrs
+
+    from pd_train import evaluate
+    from pd_train.config import MLPCI, DecompositionTarget
+    from pd_train.step import Trainer
+
+    from ._pgd import T as SEQ
+    from ._pgd import _pd
+    from ._tiny import FAST, TINY
+
+    pd = attrs.evolve(
+        _pd(),
+        batch_size=B_TRAIN,
+        decomposition_targets=(  # every array's sharded dim a multiple of 8
+            DecompositionTarget(module_pattern="layers.*.self_attn.q_proj", C=8),
+            DecompositionTarget(module_pattern="layers.*.mlp.down_proj", C=16),
+        ),
+        ci=MLPCI(hidden_dims=(8,)),
+    )
+    mesh = pd_sharding.make_mesh(data=N_DEV, devices=jax.devices()[:N_DEV])
+    trainer = Trainer(TINY, pd, mesh=mesh, compiler_options=FAST, seq_len=SEQ)
+    c = {k.kind: k.C for k in trainer.decomposition.kinds}
+    n_k = {k.kind: len(k.layers) for k in trainer.decomposition.kinds}
+
+    def hlo() -> str:
+        return evaluate.lower_eval(trainer, batch_size=B_TRAIN, seq_len=SEQ).compile().as_text()
+
+    assert _full_source_moves(hlo(), n_k, SEQ, c) == []
+    local = evaluate.eval_sources
+    monkeypatch.setattr(
+        evaluate,
+        "eval_sources",
+        lambda sources, batch_size, *, key, layout=None: local(sources, batch_size, key=key),
+    )
+    assert _full_source_moves(hlo(), n_k, SEQ, c) != []
