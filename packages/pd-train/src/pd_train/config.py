@@ -54,6 +54,7 @@ __all__ = [
     "SharedMLPCI",
     "SmoothL0ImportanceMinimality",
     "StaticProbabilitySubsetRecon",
+    "StochasticHiddenActsRecon",
     "StochasticRecon",
     "SubsetRecon",
     "UnmaskedRecon",
@@ -415,6 +416,20 @@ class UnmaskedRecon(LossMetric):
     type: Literal["unmasked_recon"] = "unmasked_recon"
     name: str | None = _name_field()
     coeff: float = attrs.field(validator=non_negative())
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True)
+class StochasticHiddenActsRecon(LossMetric):
+    """MSE between every decomposed site's output in the masked model (every site live at every
+    position, drawn sources as ``stochastic_recon``'s) and in the clean target, summed over
+    draws, sites and elements and divided by their count (spd's and param-decomp's
+    ``StochasticHiddenActsReconLoss``), mean over n_samples draws."""
+
+    type: Literal["stochastic_hidden_acts_recon"] = "stochastic_hidden_acts_recon"
+    name: str | None = _name_field()
+    coeff: float = attrs.field(validator=non_negative())
+    n_samples: int = attrs.field(default=1, validator=positive())
 
 
 @register_loss_config

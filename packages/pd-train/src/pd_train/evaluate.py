@@ -9,10 +9,10 @@ the model with every decomposed site on its component path is run under four mas
 * ``rounded``: m = [ci_lower > rounding_threshold (default l0_threshold)], δ = 0.
 
 Adversarial masks, when configured: ``ppgd`` — the persistent PGD sources of the train state
-(a ``persistent_pgd_recon`` term; no ascent at eval; ``bsc`` sources: training row i for eval
-row i); ``pgd`` — fresh PGD sources
-ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd`` set). Both route
-every site at every position.
+(a ``persistent_pgd_recon`` term; no ascent at eval; ``bsc`` sources lend each eval row a
+training row drawn at random among those of its own shard, :func:`eval_sources`); ``pgd`` —
+fresh PGD sources ascended ``pd.eval_pgd.n_steps`` times on this batch's KL (``pd.eval_pgd``
+set). Both route every site at every position.
 
 Reported per mask: ``eval/ce_<mask>`` (next-token cross entropy) and ``eval/kl_<mask>``
 (KL(clean ‖ masked), mean over positions); ``eval/ce_clean``; ``l0/<site>``; and per site a
@@ -29,12 +29,15 @@ under ``binomial`` sampling the lower CI is jittered as in training (:mod:`pd_tr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import pd_sharding
 from pd_train._forward import CleanRunner, masked_forward
@@ -78,94 +81,178 @@ def batch_metrics(
     the config's values as constants.
     """
     hp = eval_hyperparams(trainer) if hp is None else hp
+    batch = _clean_and_ci(trainer, params, target, tokens, key)
+    out: dict[str, Any] = {"eval/ce_clean": cross_entropy(batch.clean_logits, tokens)}
+    out.update(_mask_metrics(batch, hp))
+    for name, sources in _adversarial_sources(trainer, batch, adversary, hp).items():
+        logits = batch.forward(batch.comps, batch.ci_lower, sources=sources)
+        out[f"eval/ce_{name}"] = cross_entropy(logits, tokens)
+        out[f"eval/kl_{name}"] = kl_clean_masked(batch.clean_logits, logits)
+    threshold = hp["l0_threshold"]
+    out["l0"] = l0(batch.ci_lower, threshold)
+    out["ci_hist"] = {k: ci_histogram(v) for k, v in batch.ci_lower.items()}
+    out["components"] = component_counts(batch.ci_lower, threshold)  # density, mean CI, L0 groups
+    if slow:
+        out["recon"] = recon_batch_metrics(
+            batch.spec,
+            target=batch.target,
+            tokens=tokens,
+            components=batch.comps,
+            ci_lower=batch.ci_lower,
+            key=key,
+            clean_stream=batch.clean.stream,
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _EvalBatch:
+    """One eval batch after the clean forward: the forward spec, the target (LM head gathered
+    once), tokens [B, T], the eval key, V/U in the compute dtype, the clean run (its residual
+    stream), clean logits [B, T, vocab] and ci_lower {kind: [n_k, B, T, C]}."""
+
+    spec: Any
+    target: Any
+    tokens: jax.Array
+    key: jax.Array
+    comps: Any
+    clean: CleanRunner
+    clean_logits: jax.Array
+    ci_lower: dict[str, jax.Array]
+
+    def forward(self, comps: Any, ci: Any, **kw: Any) -> jax.Array:
+        """Logits of the masked forward with every decomposed site live at every position (a
+        numpy grid: the forward specializes to the decomposed sites at trace time, no per-layer
+        branches); ``kw``: ``sources`` or ``source_scale``."""
+        return masked_forward(
+            self.spec,
+            target=self.target,
+            tokens=self.tokens,
+            components=comps,
+            ci_lower=ci,
+            live=site_grid(self.spec.decomposition) >= 0,
+            routed=None,
+            key=self.key,
+            clean_stream=self.clean.stream,
+            **kw,
+        )
+
+
+def _clean_and_ci(
+    trainer: Any, params: Any, target: Any, tokens: jax.Array, key: jax.Array
+) -> _EvalBatch:
+    """The clean forward and the CI; under ``binomial`` sampling the lower CI is jittered, as
+    spd does at eval too."""
     spec = trainer.forward_spec
     target = trainer.gather_head(target)  # one gathered LM head for every forward below
     comps = jax.tree.map(lambda a: a.astype(trainer.compute_dtype), params["components"])
     clean = CleanRunner(spec, target, tokens)
     clean_logits, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-    if trainer.pd.sampling == "binomial":  # spd jitters the eval's lower CI too
-        pre_lower = jitter_lower_ci(pre, key=jax.random.fold_in(key, JITTER_FOLD))
-    else:
-        pre_lower = pre
-    ci_lower = {k: lower_leaky_hard(v) for k, v in pre_lower.items()}
-    threshold = hp["l0_threshold"]
-    rounding = hp.get("rounding_threshold", threshold)
-    rounded = {k: (v > rounding).astype(v.dtype) for k, v in ci_lower.items()}
-    # A numpy grid: the forward specializes to the decomposed sites at trace time (no
-    # per-layer branches); every decomposed site is live under every mask.
-    live = site_grid(trainer.decomposition) >= 0
+    if trainer.pd.sampling == "binomial":
+        pre = jitter_lower_ci(pre, key=jax.random.fold_in(key, JITTER_FOLD))
+    ci_lower = {k: lower_leaky_hard(v) for k, v in pre.items()}
+    return _EvalBatch(spec, target, tokens, key, comps, clean, clean_logits, ci_lower)
+
+
+def _mask_metrics(batch: _EvalBatch, hp: Any) -> dict[str, jax.Array]:
+    """``eval/ce_<mask>`` and ``eval/kl_<mask>`` of the four :data:`MASKS`: one traced masked
+    forward, ``lax.map``-ped over the mask number (see the module docstring)."""
+    rounding = hp.get("rounding_threshold", hp["l0_threshold"])
+    rounded = {k: (v > rounding).astype(v.dtype) for k, v in batch.ci_lower.items()}
     ones, stochastic, rounded_mode = (MASKS.index(m) for m in ("ones", "stochastic", "rounded"))
 
     def under_mask(mode: jax.Array) -> tuple[jax.Array, jax.Array]:
         ci = {
             k: jnp.where(mode == rounded_mode, rounded[k], jnp.where(mode == ones, 1.0, v))
-            for k, v in ci_lower.items()
+            for k, v in batch.ci_lower.items()
         }
-        logits = masked_forward(
-            spec,
-            target=target,
-            tokens=tokens,
-            components=comps,
-            ci_lower=ci,
-            live=live,
-            routed=None,
-            key=key,
-            clean_stream=clean.stream,
-            source_scale=(mode == stochastic).astype(jnp.float32),
-        )
-        return cross_entropy(logits, tokens), kl_clean_masked(clean_logits, logits)
+        scale = (mode == stochastic).astype(jnp.float32)
+        logits = batch.forward(batch.comps, ci, source_scale=scale)
+        return cross_entropy(logits, batch.tokens), kl_clean_masked(batch.clean_logits, logits)
 
     ce, kl = jax.lax.map(under_mask, jnp.arange(len(MASKS)))
-    out: dict[str, Any] = {"eval/ce_clean": cross_entropy(clean_logits, tokens)}
+    out = {}
     for i, mask in enumerate(MASKS):
         out[f"eval/ce_{mask}"] = ce[i]
         out[f"eval/kl_{mask}"] = kl[i]
+    return out
 
-    def adversarial_logits(comps: Any, ci: Any, sources: Any) -> jax.Array:
-        return masked_forward(
-            spec,
-            target=target,
-            tokens=tokens,
-            components=comps,
-            ci_lower=ci,
-            live=live,
-            routed=None,
-            key=key,
-            clean_stream=clean.stream,
-            sources=sources,
-        )
 
-    adversarial: dict[str, Any] = {}
+def _adversarial_sources(
+    trainer: Any, batch: _EvalBatch, adversary: Any, hp: Any
+) -> dict[str, Any]:
+    """{name: sources {kind: [n_k, B | 1, T | 1, C + 1]}} of the adversarial masks configured:
+    ``ppgd`` (the train state's persistent sources) and ``pgd`` (fresh sources ascended on this
+    batch's KL with components and CI detached)."""
+    out: dict[str, Any] = {}
     if adversary and getattr(trainer, "ppgd", None) is not None:
-        adversarial["ppgd"] = adversary["sources"]
+        rows_key = jax.random.fold_in(batch.key, EVAL_ROWS_FOLD)
+        out["ppgd"] = eval_sources(
+            adversary["sources"], batch.tokens.shape[0], key=rows_key, layout=trainer.layout
+        )
     if trainer.pd.eval_pgd is not None:
-        comps_d, ci_d = jax.lax.stop_gradient((comps, ci_lower))
+        comps_d, ci_d = jax.lax.stop_gradient((batch.comps, batch.ci_lower))
         pgd = FreshPGD.of(trainer.pd.eval_pgd, step_size=hp["eval_pgd_step_size"])
 
         def objective(sources: Any) -> jax.Array:
-            return kl_clean_masked(clean_logits, adversarial_logits(comps_d, ci_d, sources))
+            logits = batch.forward(comps_d, ci_d, sources=sources)
+            return kl_clean_masked(batch.clean_logits, logits)
 
-        start = pgd.init_sources(ci_lower, tuple(tokens.shape), key=jax.random.fold_in(key, 1))
-        adversarial["pgd"] = pgd.ascend(objective, start)
-
-    for name, sources in adversarial.items():
-        logits = adversarial_logits(comps, ci_lower, sources)
-        out[f"eval/ce_{name}"] = cross_entropy(logits, tokens)
-        out[f"eval/kl_{name}"] = kl_clean_masked(clean_logits, logits)
-    out["l0"] = l0(ci_lower, threshold)
-    out["ci_hist"] = {k: ci_histogram(v) for k, v in ci_lower.items()}
-    out["components"] = component_counts(ci_lower, threshold)  # density, mean CI, L0 groups
-    if slow:
-        out["recon"] = recon_batch_metrics(
-            spec,
-            target=target,
-            tokens=tokens,
-            components=comps,
-            ci_lower=ci_lower,
-            key=key,
-            clean_stream=clean.stream,
+        start = pgd.init_sources(
+            batch.ci_lower, tuple(batch.tokens.shape), key=jax.random.fold_in(batch.key, 1)
         )
+        out["pgd"] = pgd.ascend(objective, start)
     return out
+
+
+#: Folded into an eval batch key for the training rows that persistent ``bsc`` sources lend.
+EVAL_ROWS_FOLD = 0x5EED_0B5C
+
+
+def eval_sources(
+    sources: Mapping[str, jax.Array], batch_size: int, *, key: jax.Array, layout: Any = None
+) -> dict[str, jax.Array]:
+    """Persistent-PGD sources for an eval batch of ``batch_size`` rows.
+
+    Per-datapoint (``bsc``) sources [n_k, B_train, T, C + 1] lend each eval row a training row
+    drawn uniformly with replacement, one draw shared by every kind (as param-decomp's eval
+    draws a training source row per eval row) -> [n_k, batch_size, T, C + 1]; shared (``sc``)
+    sources [n_k, 1, T, C + 1] pass unchanged. ``key``: the draw key (from the eval key).
+
+    The draw is shard-local. With ``layout`` (the trainer's, its data axes cutting both the
+    sources' batch axis and the eval rows into D shards), each device draws, for each of its
+    own batch_size / D eval rows, one of the B_train / D training rows it holds: the row
+    numbers are ``randint(key, [batch_size], 0, B_train / D)`` (sharded like the eval rows,
+    drawn where they live) and a ``shard_map`` gathers within each shard, so no device ever
+    holds another's sources (a global gather all-gathered them: 319 GiB of temporaries per
+    device at Llama-3-8B on 64 devices). Without a layout, D = 1: the global draw.
+
+    How it differs from a global draw: an eval row of shard d draws only among shard d's
+    training rows, so two eval rows of one shard never draw from different shards. It is
+    equivalent in distribution when the shards are i.i.d.: the training rows of every shard
+    are initialized alike and ascended on their own batch rows, which are i.i.d. draws from
+    the data whichever shard they land on, so each eval row's source has the same marginal
+    distribution as under a global draw, and the eval metrics (means over rows) have the same
+    expectation.
+    """
+    first = next(iter(sources.values()))
+    if first.shape[1] == 1:
+        return dict(sources)
+    shards = 1 if layout is None else layout.data_size
+    rows = jax.random.randint(key, (batch_size,), 0, first.shape[1] // shards)
+    if layout is None:
+        return {k: jnp.take(v, rows, axis=1) for k, v in sources.items()}
+    rows = jax.lax.with_sharding_constraint(rows, layout.batch((batch_size,), name="eval rows"))
+    spec = P(None, layout.data)
+
+    def local(shard: dict[str, jax.Array], shard_rows: jax.Array) -> dict[str, jax.Array]:
+        return {k: jnp.take(v, shard_rows, axis=1) for k, v in shard.items()}
+
+    specs = dict.fromkeys(sources, spec)
+    gather = jax.shard_map(
+        local, mesh=layout.mesh, in_specs=(specs, P(layout.data)), out_specs=specs
+    )
+    return gather(dict(sources), rows)  # type: ignore[no-any-return]
 
 
 def ci_histogram(ci: jax.Array) -> jax.Array:

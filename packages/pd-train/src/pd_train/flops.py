@@ -251,9 +251,12 @@ def _masked_forward(
     train: bool,
     phase: str,
     times: float,
+    logits: bool = True,
 ) -> None:
     """One masked forward + backward with ``live`` (layer, kind) sites on their component path.
-    ``train``: the backward also reaches V/U (else only the masks' sources: a PGD ascent)."""
+    ``train``: the backward also reaches V/U (else only the masks' sources: a PGD ascent).
+    ``logits``: it ends in the LM head (False: a term that reads only site outputs, whose
+    forward runs the LM head only when it is a live site)."""
     if not live or times == 0:
         return
     dims = _site_dims(model)
@@ -301,7 +304,8 @@ def _masked_forward(
                 acc.attention(b, t, model.num_attention_heads, hd, term=term, part="attention",
                               grad=grad, phase=phase, times=times)  # fmt: skip
     d, v = model.hidden_size, model.vocab_size
-    acc.mm(n, d, v, term=term, part="lm_head", dx=grad, dw=False, phase=phase, times=times)
+    if logits or "lm_head" in live_kinds:
+        acc.mm(n, d, v, term=term, part="lm_head", dx=grad, dw=False, phase=phase, times=times)
     if "lm_head" in live_kinds:
         c = decomposition.kind("lm_head").C
         acc.mm(n, d, c, part="live", kind="lm_head", dx=grad, dw=train, **kw0)
@@ -325,14 +329,18 @@ class CensusContext:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
-    def recon_forwards(self, term: str, plan: Any, *, samples: int, ascents: int = 0) -> None:
+    def recon_forwards(
+        self, term: str, plan: Any, *, samples: int, ascents: int = 0, logits: bool = True
+    ) -> None:
         """Per chunk of ``plan``: ``samples`` masked forwards with backward, and ``ascents``
-        masked forwards with backward (the PGD ascents, phase ``pgd_ascent``)."""
+        masked forwards with backward (the PGD ascents, phase ``pgd_ascent``). ``logits``:
+        the forwards end in the LM head (False: it runs only as a live site, e.g.
+        ``stochastic_hidden_acts_recon``, which compares site outputs)."""
         assert self.model is not None
         b, t = self.batch_size, self.seq_len
         for live in _live_sets(self.decomposition, plan.chunks):
             _masked_forward(self.acc, self.model, self.decomposition, live, b, t, term=term,
-                            train=True, phase="step", times=samples)  # fmt: skip
+                            train=True, phase="step", times=samples, logits=logits)  # fmt: skip
             _masked_forward(self.acc, self.model, self.decomposition, live, b, t, term=term,
                             train=False, phase="pgd_ascent", times=ascents)  # fmt: skip
 

@@ -128,6 +128,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             _LOSS.format("chunkwise_subset_recon") + ".n_samples",
             _LOSS.format("static_probability_subset_recon") + ".n_samples",
             _LOSS.format("subset_recon") + ".n_samples",
+            _LOSS.format("stochastic_hidden_acts_recon") + ".n_samples",
             f"{_PGD}.n_samples",
         ),
         *_group(
@@ -177,6 +178,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "static_probability_subset_recon",
                     "ci_masked_recon",
                     "unmasked_recon",
+                    "stochastic_hidden_acts_recon",
                     "stochastic_recon",
                     "subset_recon",
                     "chunkwise_subset_recon",
@@ -237,6 +239,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
                     "static_probability_subset_recon",
                     "ci_masked_recon",
                     "unmasked_recon",
+                    "stochastic_hidden_acts_recon",
                 )
             ),
         ),

@@ -12,6 +12,7 @@ To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) 
   :mod:`~pd_train.losses.smooth_l0` (smooth-L0 importance minimality, frequency EMA),
   :mod:`~pd_train.losses.static_probability_subset_recon`,
   :mod:`~pd_train.losses.ci_masked_recon`, :mod:`~pd_train.losses.unmasked_recon`,
+  :mod:`~pd_train.losses.stochastic_hidden_acts_recon`,
   :mod:`~pd_train.losses.persistent_pgd_recon`.
 
 What they build on:
@@ -61,6 +62,10 @@ from pd_train.losses.smooth_l0 import (
     SmoothL0ImportanceMinimalityTerm,
 )
 from pd_train.losses.static_probability_subset_recon import StaticProbabilitySubsetReconTerm
+from pd_train.losses.stochastic_hidden_acts_recon import (
+    StochasticHiddenActsReconTerm,
+    hidden_acts_recon,
+)
 from pd_train.losses.stochastic_recon import StochasticReconTerm
 from pd_train.losses.subset_recon import SubsetReconTerm
 from pd_train.losses.unmasked_recon import UnmaskedReconTerm
@@ -80,6 +85,7 @@ __all__ = [
     "SmoothL0ImportanceMinimality",
     "SmoothL0ImportanceMinimalityTerm",
     "StaticProbabilitySubsetReconTerm",
+    "StochasticHiddenActsReconTerm",
     "StochasticReconTerm",
     "SubsetReconTerm",
     "TermInputs",
@@ -90,6 +96,7 @@ __all__ = [
     "annealed_pnorm",
     "chunkwise_plan",
     "faithfulness",
+    "hidden_acts_recon",
     "importance_minimality",
     "importance_terms",
     "kl_clean_masked",

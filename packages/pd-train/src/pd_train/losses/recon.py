@@ -232,12 +232,69 @@ def recon_loss(
     if plan.routing == "static_probability" and route_probability is None:
         msg = "recon_loss: a static_probability plan needs route_probability"
         raise ValueError(msg)
-    grid = site_grid(spec.decomposition)
-    has_site, grid_idx = grid >= 0, np.maximum(grid, 0)
+    chunk_kl = _chunk_kl_fn(
+        spec,
+        plan,
+        target=target,
+        tokens=tokens,
+        components=components,
+        ci_lower=ci_lower,
+        clean_logits=clean_logits,
+        key=key,
+        clean_stream=clean_stream,
+        pgd=pgd,
+        sources=sources,
+        route_probability=route_probability,
+    )
+    total = _sum_over_draws(
+        chunk_kl,
+        _draw_table(plan, n_samples),
+        window=layer_windows(spec.decomposition, plan),
+        n_chunks=plan.n_chunks,
+        n_samples=n_samples,
+        components=components,
+        ci_lower=ci_lower,
+        sources=sources,
+        remat=remat,
+        unroll=unroll,
+        fresh_pgd=pgd is not None,
+    )
+    return total / (plan.n_chunks * n_samples)
+
+
+def _draw_table(plan: ReconPlan, n_samples: int) -> dict[str, np.ndarray]:
+    """The (chunk, draw) pairs of :func:`recon_loss`, chunk-major: per pair its ``chunk``,
+    ``draw``, ``site_mask`` [S] (the chunk's live sites) and ``n_live`` (numpy)."""
     chunk_ids = np.repeat(np.arange(plan.n_chunks, dtype=np.int32), n_samples)
     draw_ids = np.tile(np.arange(n_samples, dtype=np.int32), plan.n_chunks)
-    site_masks = plan.site_masks()[chunk_ids]
-    n_live = plan.n_live()[chunk_ids]
+    return {
+        "chunk": chunk_ids,
+        "draw": draw_ids,
+        "site_mask": plan.site_masks()[chunk_ids],
+        "n_live": plan.n_live()[chunk_ids],
+    }
+
+
+def _chunk_kl_fn(
+    spec: ForwardSpec,
+    plan: ReconPlan,
+    *,
+    target: Any,
+    tokens: jax.Array,
+    components: Mapping[str, Mapping[str, jax.Array]],
+    ci_lower: Mapping[str, jax.Array],
+    clean_logits: jax.Array,
+    key: jax.Array,
+    clean_stream: jax.Array | None,
+    pgd: Any,
+    sources: Mapping[str, jax.Array] | None,
+    route_probability: jax.Array | float | None,
+) -> Any:
+    """``chunk_kl(chunk, draw, site_mask, live_count, comps, ci, ci_first, sources)``: the KL
+    of one (chunk, draw) of :func:`recon_loss` (the arguments as :func:`_sum_over_draws` passes
+    them)."""
+    grid = site_grid(spec.decomposition)
+    has_site, grid_idx = grid >= 0, np.maximum(grid, 0)
     batch_shape = tuple(tokens.shape[:2])  # [B, T]: tokens, or a toy target's [B, T, features]
 
     def chunk_kl(
@@ -255,11 +312,9 @@ def recon_loss(
         xp = np if isinstance(site_mask, np.ndarray) else jnp
         draw_key = jax.random.fold_in(jax.random.fold_in(key, chunk), draw)
         live = xp.asarray(has_site) & site_mask[grid_idx]  # [L, K]
-        routed = None
-        if plan.routing == "subset":
-            routed = _subset_routing(site_mask, live_count, batch_shape, grid, draw_key)
-        elif plan.routing == "static_probability":
-            routed = _static_routing(site_mask, route_probability, batch_shape, grid, draw_key)
+        routed = _chunk_routing(
+            plan, site_mask, live_count, batch_shape, grid, draw_key, route_probability
+        )
         source_key = jax.random.fold_in(draw_key, 0)
 
         def forward_kl(comps: Any, ci: Any, given: Mapping[str, jax.Array] | None) -> jax.Array:
@@ -290,21 +345,24 @@ def recon_loss(
             )
         return forward_kl(comps_in, ci_in, given)
 
-    draws = {"chunk": chunk_ids, "draw": draw_ids, "site_mask": site_masks, "n_live": n_live}
-    total = _sum_over_draws(
-        chunk_kl,
-        draws,
-        window=layer_windows(spec.decomposition, plan),
-        n_chunks=plan.n_chunks,
-        n_samples=n_samples,
-        components=components,
-        ci_lower=ci_lower,
-        sources=sources,
-        remat=remat,
-        unroll=unroll,
-        fresh_pgd=pgd is not None,
-    )
-    return total / (plan.n_chunks * n_samples)
+    return chunk_kl
+
+
+def _chunk_routing(
+    plan: ReconPlan,
+    site_mask: Any,
+    live_count: Any,
+    batch_shape: tuple[int, ...],
+    grid: np.ndarray,
+    draw_key: Any,
+    route_probability: Any,
+) -> jax.Array | None:
+    """The per-position routing of one (chunk, draw) [L, K, B, T] bool, or None (``all``)."""
+    if plan.routing == "subset":
+        return _subset_routing(site_mask, live_count, batch_shape, grid, draw_key)
+    if plan.routing == "static_probability":
+        return _static_routing(site_mask, route_probability, batch_shape, grid, draw_key)
+    return None
 
 
 def _subset_routing(
