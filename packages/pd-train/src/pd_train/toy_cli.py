@@ -294,8 +294,10 @@ def run_toy_cli(
     checkpoint, bit-exact at the same K); returns the run dir and the summary text.
 
     The steps run in :func:`pd_train.run.run_loop` with the toy's K-step step function; its
-    hooks log ``train`` records (and ``warmup`` ones) to ``metrics.jsonl``, print progress to
-    stderr from the first step on, save orbax checkpoints under ``checkpoints/`` (every
+    hooks log ``train`` records (and ``warmup`` ones) to ``metrics.jsonl``, show progress from
+    the first line on through one :class:`~pd_train.outputs.Terminal` (as ``pd-train run``
+    does: the compiles, progress lines or the status-line bar, the eval lines; fd 2 and pd's
+    log captured into it), save orbax checkpoints under ``checkpoints/`` (every
     ``save_every`` steps and at the end) and stop cleanly on SIGTERM / Ctrl-C (checkpoint
     saved; ``--resume`` continues)."""
     import yaml
