@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pd_train.outputs import (
+    DEFAULT_KEYS,
     METRICS_FILE,
     MetricsError,
     MetricsLog,
@@ -191,7 +192,7 @@ def _metrics(step: int) -> dict[str, float]:
 
 def test_format_metrics_is_compact_and_keeps_key_order() -> None:
     text = format_metrics(_metrics(0), KEYS)
-    assert text == "total=0.123 faith=4.5e-05 recon=0.031"
+    assert text == "total=0.123 faith=4.5e-05 chunk_recon=0.031"
     assert format_metrics({"grad_norm/components": 12345.0}, ["grad_norm/components", "x"]) == (
         "components=1.23e+04"
     )
@@ -210,7 +211,7 @@ def test_progress_without_a_terminal_writes_a_line_every_n_steps() -> None:
         "step 25/25 (100%)",
     ]
     for line in lines:
-        assert line.endswith("total=0.123 faith=4.5e-05 recon=0.031")
+        assert line.endswith("total=0.123 faith=4.5e-05 chunk_recon=0.031")
         assert " it/s | ETA " in line
     assert "imp_min" not in stream.getvalue()
     assert "\r" not in stream.getvalue()
@@ -252,7 +253,7 @@ def test_progress_on_a_terminal_draws_a_tqdm_bar_with_the_losses() -> None:
     assert "\r" in out  # redrawn in place, not one line per step
     final = out.rsplit("\r", 1)[-1]
     assert "30/30" in final
-    assert "total=0.123 faith=4.5e-05 recon=0.031" in final
+    assert "total=0.123 faith=4.5e-05 chunk_recon=0.031" in final
     assert "step 10/" not in out  # no plain lines
 
 
@@ -277,6 +278,35 @@ def test_progress_bar_rate_and_eta_leave_out_the_first_steps_compile() -> None:
     assert eta < 2.0, (rate, eta)  # counting the 1 s compile it would be > 4 s
     progress.close()
     assert "/100" in stream.getvalue() and " 50/100" not in stream.getvalue()
+
+
+def test_the_default_keys_show_the_default_recon_term_subset_recon() -> None:
+    metrics = {"loss/total": 1.5, "loss/subset_recon": 0.25, "loss/stochastic_recon": 0.5}
+    assert format_metrics(metrics, DEFAULT_KEYS) == "total=1.5 stoch_recon=0.5 subset_recon=0.25"
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_the_last_progress_line_has_the_rate_of_the_steps_not_of_what_ran_after_them(
+    monkeypatch: pytest.MonkeyPatch, bar: bool
+) -> None:
+    """10 steps in 1 s after the first, then 100 s of saving and eval before ``close``: the line
+    ``close`` leaves says 9 it/s (from the first update to the last), not 0.09."""
+    import time
+
+    from pd_train.outputs import Terminal
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    terminal = Terminal(stream, bar=bar)
+    progress = Progress(20, keys=KEYS, log_every=100, terminal=terminal)
+    for step in range(10):
+        clock[0] = step / 9
+        progress.update(step, _metrics(step))
+    clock[0] = 101.0
+    progress.close()
+    last = stream.getvalue().split("\r\x1b[K")[-1].splitlines()[-1]
+    assert last.startswith("step 10/20 (50%) | 9 it/s | "), last
 
 
 @pytest.mark.parametrize(

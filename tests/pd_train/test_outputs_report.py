@@ -181,7 +181,7 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
 
     last = records[-2]  # the last train record (the eval at step 40 follows it)
     assert last["phase"] == "train" and last["step"] == 39
-    assert "final losses (train, step 39):" in text
+    assert "final losses (train, step 39; min: the least of the logged steps):" in text
     row = next(line for line in lines if line.strip().startswith("total "))
     assert row.split()[1] == f"{last['loss/total']:.4g}"
     assert next(line for line in lines if "faithfulness" in line).split()[1] == (
@@ -203,7 +203,10 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
     assert "what was found" not in text  # no CE with CI masks, no density: nothing to state
     assert f"mean L0 {np.mean(l0):.4g}, total L0 {np.sum(l0):.7g}" in text
 
-    assert "eval (step 40):" in text
+    assert (
+        "eval (step 40; ce_<mask>: cross entropy in nats/token, kl_<mask>: KL(clean || masked) "
+        "in nats/token):" in text
+    )
     for key, value in (("ce_unmasked", 2.5), ("kl_rounded", 0.125)):
         assert next(line for line in lines if line.strip().startswith(key)).split()[1] == str(value)
     assert "kl_ci_masked" in text
@@ -214,6 +217,7 @@ def test_summary_reports_losses_l0_eval_and_outputs(tmp_path: Path) -> None:
     assert out[f"{tmp_path}/checkpoints/"] == ["steps", "20,", "40"]
     assert out[f"{tmp_path}/config.yaml"] == []
     assert out[f"{tmp_path}/compile.json"] == ["(missing)"]
+    assert ["path", "holds"] in [line.split() for line in lines]  # both columns named
 
 
 def test_summary_of_a_full_decomposition_shows_l0_per_site_as_a_grid(tmp_path: Path) -> None:
@@ -360,9 +364,11 @@ def test_summary_states_what_was_found_from_a_ci_fixture(tmp_path: Path) -> None
     start = lines.index("what was found (eval, step 300):")
     assert all(len(line) <= 100 for line in lines[start : start + 12])
     assert _unwrap(lines)[start + 1 : start + 7] == [
-        "  cross entropy (nats/token): clean 2; with the CI masks 2.1 (+0.1, +5.0 %)",
-        "  other masks: ones 2 (+0, +0.0 %); stochastic 2.05 (+0.05, +2.5 %); "
-        "rounded 2.5 (+0.5, +25.0 %)",
+        "  cross entropy (nats/token): clean 2; with the CI masks (each component scaled by its "
+        "CI) 2.1 (+0.1, +5.0 %)",
+        "  other masks: ones (every component at 1: V@U vs W) 2 (+0, +0.0 %); stochastic (the "
+        "training's random masks) 2.05 (+0.05, +2.5 %); rounded (ci_lower > threshold as 1, else "
+        "0) 2.5 (+0.5, +25.0 %)",
         "  components: 11 in 3 sites: 3 sparse (density < 0.1), 3 moderate, 2 always on "
         "(density > 0.9), 3 dead (never ci_lower > 0.1)",
         "  alive: 8 of 11 (spd's definition: ci_lower > 0.1 on at least one of the last 40 tokens)",

@@ -465,3 +465,50 @@ def test_ctrl_c_at_a_random_step_prints_no_traceback_and_returns_within_the_boun
     ), out[-3000:]
     assert "plots skipped" in out
     _check_lines(out)
+
+
+#: A toy run cut to a few calls of K = 5 steps (its programs compile in ~30 s here).
+TOY_ARGS = [
+    "builtin:tms_5_2_fast", "--set", "pd.steps=20", "--set", "pd.batch_size=32",
+    "--set", "steps_per_call=5", "--set", "log_every=5",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [None, (40, 160)], ids=["no-size", "sized"])
+def test_a_toy_run_writes_its_progress_through_the_terminal_writer_from_the_start(
+    tmp_path: Path, size: tuple[int, int] | None
+) -> None:
+    """`pd-train run builtin:<toy>` under a pty: the plan first, each compile it waits on named
+    beside its time, then a progress line per loss record (as `pd-train run` writes a Llama
+    run's); with a window size the bar is the status line, redrawn in place, and its last state
+    stays as a line."""
+    run = PtyRun([*TOY_ARGS, "--run-dir", str(tmp_path / "run")], size)
+    assert run.wait(timeout=600) == 0, run.out[-3000:]
+    out = run.out
+    lines = [line for line in _check_lines(out) if line]
+    assert "Traceback" not in out
+    assert lines[0].startswith("tms_5_2_fast: 20 steps from step 0 at batch 32, K = 5 "), lines
+    compiled = _compiled(lines)
+    assert {"init_params", "opt_init", "train_step"} <= set(compiled), sorted(compiled)
+    # The first step shown (a line, or the status line's first state) once its program compiled.
+    first_step = out.index("step 1/20 (5%) | total=")
+    assert out.index("compiled train_step in ") < first_step < out.index("eval after step 19")
+    steps = [line.split(" | ")[0] for line in lines if re.match(r"step \d+/20 \(", line)]
+    if size is None:
+        assert CLEAR not in out  # no status line: nothing to redraw
+        assert steps == [
+            "step 1/20 (5%)",
+            "step 6/20 (30%)",
+            "step 11/20 (55%)",
+            "step 16/20 (80%)",
+            "step 20/20 (100%)",
+        ]
+        assert "compiling train_step (no cache)…" in lines
+    else:
+        assert "[#-------------------] step 1/20 (5%) | total=" in out
+        assert re.search(re.escape(CLEAR) + r"\[[#-]{20}\] step \d+/20 ", out), out[-3000:]
+        assert "[####################] step 20/20 (100%) | " in out
+        assert steps[-1] == "step 20/20 (100%)"  # what stays
+    assert any(line.startswith("eval after step 19: IdentityCIError ") for line in lines)
+    assert any(line.startswith("tms_5_2_fast: 20 steps in ") for line in lines)

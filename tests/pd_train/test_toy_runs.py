@@ -49,7 +49,7 @@ def test_a_toy_run_is_a_run_resumed_analyzed_and_reported(
     # Progress from the start: the plan before the first (compiling) call, then each record.
     first = next(i for i, line in enumerate(lines) if line.startswith("tms_5_2_fast: 20 steps"))
     assert "K = 5" in lines[first]
-    assert any(line.startswith("  step 1/20: loss") for line in lines[first + 1 :]), err
+    assert any(line.startswith("step 1/20 (5%) | total=") for line in lines[first + 1 :]), err
     records = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
     train = [r["step"] for r in records if r["phase"] == "train"]
     assert train == [0, 5, 10, 15, 19]

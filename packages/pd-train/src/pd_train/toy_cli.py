@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "compile_toy",
@@ -224,10 +224,61 @@ def _new_run_dir(name: str) -> Path:
     return run_dir
 
 
-def _progress(text: str) -> None:
-    import sys
+class _ToyCompiles:
+    """The toy run's ``on_compile`` (:class:`pd_probe.Recorder`): the jits a toy run waits on,
+    named as a Llama run names them (``init_params``, ``opt_init``, ``train_step``: the K-step
+    program), announced through ``announce`` (:class:`pd_train.outputs.CompileLines`); of the
+    others (the eval's eager ops, each compiled once) only those taking 0.5 s or more, when
+    done. Without a persistent compile cache every compile is shown as ``no cache``."""
 
-    print(text, file=sys.stderr, flush=True)
+    NAMES: ClassVar[dict[str, str]] = {
+        "stacked": "init_params",
+        "_opt_init": "opt_init",
+        "run": "train_step",
+    }
+    SHOWN_FROM_S = 0.5
+
+    def __init__(self, announce: Any) -> None:
+        self.announce = announce
+        self.cache_on = True
+
+    def __call__(self, event: str, info: dict[str, Any]) -> None:
+        name = self.NAMES.get(str(info.get("jit")))
+        if event == "start":
+            self.cache_on = bool(info.get("cache_enabled", True))
+        if not self.cache_on and "cache" in info:
+            info = {**info, "cache": "off"}
+        if name is not None:
+            self.announce(event, {**info, "name": name, "jit": name})
+        elif event == "done" and info.get("seconds", 0.0) >= self.SHOWN_FROM_S:
+            self.announce(event, info)
+
+
+def _toy_progress(terminal: Any, n_steps: int, *, start: int) -> Any:
+    """The toy run's progress, written through the run's one terminal writer
+    (:class:`pd_train.outputs.Terminal`) as ``pd-train run`` writes a Llama run's: a plain
+    ``step i/N (p%) | it/s | ETA | losses`` line at each loss record (``record``: the first
+    step, every ``log_every`` steps, the last), and on a terminal with a size a status-line bar
+    redrawn after every call (K steps). A run loop hook."""
+    from pd_train.outputs import Progress
+    from pd_train.run._hooks import Hook
+
+    class ToyProgress(Hook):
+        def __init__(self) -> None:
+            # log_every=1: ``record`` is called at the loss records only, each is a line.
+            self.progress = Progress(n_steps, start_step=start, log_every=1, terminal=terminal)
+
+        def record(self, step: int, metrics: dict[str, Any]) -> None:
+            self.progress.update(step, metrics)
+
+        def __call__(self, info: Any) -> None:
+            if terminal.bar:
+                self.progress.update(info.step - 1)
+
+        def close(self, info: Any) -> None:
+            self.progress.close()
+
+    return ToyProgress()
 
 
 def run_toy_cli(
@@ -243,25 +294,20 @@ def run_toy_cli(
     checkpoint, bit-exact at the same K); returns the run dir and the summary text.
 
     The steps run in :func:`pd_train.run.run_loop` with the toy's K-step step function; its
-    hooks log ``train`` records (and ``warmup`` ones) to ``metrics.jsonl``, print progress to
-    stderr from the first step on, save orbax checkpoints under ``checkpoints/`` (every
+    hooks log ``train`` records (and ``warmup`` ones) to ``metrics.jsonl``, show progress from
+    the first line on through one :class:`~pd_train.outputs.Terminal` (as ``pd-train run``
+    does: the compiles, progress lines or the status-line bar, the eval lines; fd 2 and pd's
+    log captured into it), save orbax checkpoints under ``checkpoints/`` (every
     ``save_every`` steps and at the end) and stop cleanly on SIGTERM / Ctrl-C (checkpoint
     saved; ``--resume`` continues)."""
-    import numpy as np
     import yaml
 
     from pd_train._config_io import ConfigError
-    from pd_train.checkpoints import Checkpoints
-    from pd_train.distributed import Placement
-    from pd_train.outputs import MetricsLog
-    from pd_train.run._hooks import StopHook
-    from pd_train.run._signals import StopSignals
-    from pd_train.targets.toys import run_toy
+    from pd_train.outputs import Terminal
 
     raw = load_toy_config(value, overrides)
-    name = raw["toy"]
     pd = toy_pd_config(raw)
-    run_dir = run_dir or _new_run_dir(name)
+    run_dir = run_dir or _new_run_dir(raw["toy"])
     if resume:
         if not (run_dir / "checkpoints").is_dir():
             raise ConfigError([("--resume", f"{run_dir} has no checkpoints to resume from")])
@@ -272,6 +318,34 @@ def run_toy_cli(
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    terminal = Terminal()
+    try:
+        with terminal.capture_stderr(), terminal.logging_to_terminal():
+            return _run_toy(raw, pd, run_dir, max_steps, resume, terminal)
+    finally:
+        terminal.close()
+
+
+def _run_toy(
+    raw: dict[str, Any],
+    pd: Any,
+    run_dir: Path,
+    max_steps: int | None,
+    resume: bool,
+    terminal: Any,
+) -> tuple[Path, str]:
+    """:func:`run_toy_cli` once the run dir is checked: every line through ``terminal``."""
+    import numpy as np
+
+    from pd_probe import Recorder
+    from pd_train.checkpoints import Checkpoints
+    from pd_train.distributed import Placement
+    from pd_train.outputs import MetricsLog
+    from pd_train.run._hooks import StopHook
+    from pd_train.run._signals import StopSignals
+    from pd_train.targets.toys import run_toy
+
+    name = raw["toy"]
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     checkpoints = Checkpoints(run_dir / "checkpoints")
     start = checkpoints.latest_step() if resume else None
@@ -279,36 +353,38 @@ def run_toy_cli(
     if start is not None:
         log.truncate_from(start)
     k = raw["steps_per_call"]
-    begun = time.perf_counter()
     where = f"from step {start}" if start else "from step 0"
-    _progress(
+    terminal.line(
         f"{name}: {n_steps} steps {where} at batch {pd.batch_size}, K = {k} steps per call "
         f"(the first call compiles the {k}-step program); run dir {run_dir}"
     )
+    progress = _toy_progress(terminal, n_steps, start=start or 0)
 
     def on_warmup(i: int, value: float) -> None:
         log.log(i, "warmup", {"loss/faithfulness": value})
         if i == 0 or i + 1 == pd.faithfulness_warmup.steps:
-            _progress(f"  warmup {i + 1}/{pd.faithfulness_warmup.steps}: faithfulness {value:.3g}")
+            terminal.line(
+                f"warmup {i + 1}/{pd.faithfulness_warmup.steps}: faithfulness {value:.3g}"
+            )
 
     def on_step(i: int, metrics: dict[str, Any]) -> None:
         flat = _flat(metrics)
         log.log(i, "train", flat)
-        total = flat.get("loss/total", float("nan"))
-        _progress(
-            f"  step {i + 1}/{n_steps}: loss {total:.4g} ({time.perf_counter() - begun:.1f} s)"
-        )
+        progress.record(i, flat)
 
     def on_eval(n: int, gt: dict[str, float]) -> None:
         log.log(n - 1, "eval", gt)
-        _progress(
-            f"  eval at step {n}: IdentityCIError {gt.get('gt/identity_ci_error', 0):.0f}"
+        terminal.line(
+            f"eval after step {n - 1}: IdentityCIError {gt.get('gt/identity_ci_error', 0):.0f}"
             + (f", MMCS {gt['gt/mmcs']:.3f}" if "gt/mmcs" in gt else "")
         )
 
     signals = StopSignals()
+    signals.terminal = terminal
     stop = StopHook(signals, Placement())
-    with signals:
+    # The toy's compiles announced as a Llama run's are, each with its time (nothing recorded).
+    recorder = Recorder(None, mode="run", on_compile=_ToyCompiles(terminal.compile_announcer()))
+    with signals, recorder, recorder.phase("toy"):
         result, ci, _ = run_toy(
             name,
             seed=raw["seed"],
@@ -323,7 +399,7 @@ def run_toy_cli(
             checkpoints=checkpoints,
             checkpoint_every=raw["save_every"],
             resume=resume,
-            hooks=(stop,),
+            hooks=(stop, progress),
             on_warmup=on_warmup,
         )
     checkpoints.close()

@@ -15,6 +15,7 @@ DEFAULT_KEYS = (
     "loss/faithfulness",
     "loss/stochastic_recon",
     "loss/chunkwise_subset_recon",
+    "loss/subset_recon",
     "loss/importance_minimality",
     "perf/mfu",
 )
@@ -23,7 +24,8 @@ SHORT_LABELS = {
     "loss/total": "total",
     "loss/faithfulness": "faith",
     "loss/stochastic_recon": "stoch_recon",
-    "loss/chunkwise_subset_recon": "recon",
+    "loss/chunkwise_subset_recon": "chunk_recon",
+    "loss/subset_recon": "subset_recon",
     "loss/importance_minimality": "imp_min",
     "perf/mfu": "mfu",
 }
@@ -113,6 +115,7 @@ class Progress:
         self.done = start_step  # steps finished
         self._text = ""
         self._first: tuple[int, float] | None = None  # (done, time) at the first update
+        self._updated_at = time.perf_counter()  # the time of the last update
         self._last_line_at = start_step
         self._closed = False
         self._use_bar = is_primary and bar
@@ -133,6 +136,7 @@ class Progress:
             return
         now = time.perf_counter()
         done = step + 1
+        self._updated_at = now
         if self._first is None:
             self._first = (done, now)
         if metrics is not None:
@@ -179,9 +183,11 @@ class Progress:
         elif self.terminal is not None and self.terminal.bar:
             if self.is_primary:
                 self.terminal.status("progress", None)
-                self.terminal.line(self.line())  # the last state stays as a line
+                # The last state stays as a line, its rate that of the steps (not of what ran
+                # after the last of them: a checkpoint, the eval).
+                self.terminal.line(self.line(self._updated_at))
         elif self.is_primary and self.done != self._last_line_at:
-            self._write_line(time.perf_counter())
+            self._write_line(self._updated_at)
 
     def line(self, now: float | None = None) -> str:
         """The plain progress line for the current state."""

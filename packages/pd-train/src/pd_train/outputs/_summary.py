@@ -67,7 +67,7 @@ def _losses(records: Sequence[Record]) -> list[str]:
         values = [x for r in train if (x := finite(r.get(k))) is not None]
         rows.append([k[len("loss/") :], _num(last[k]), _num(min(values)) if values else "-"])
     return [
-        f"final losses (train, step {last.get('step')}):",
+        f"final losses (train, step {last.get('step')}; min: the least of the logged steps):",
         *table(["term", "final", "min"], rows),
     ]
 
@@ -132,8 +132,15 @@ def _l0(records: Sequence[Record]) -> list[str]:
     return lines
 
 
-#: The eval masks the "what was found" lines compare with clean, in this order (those logged).
-_OTHER_MASKS = ("ones", "stochastic", "rounded", "ppgd", "pgd")
+#: The eval masks the "what was found" lines compare with clean, in this order (those logged),
+#: each with what it is (pd_train.evaluate).
+_OTHER_MASKS = {
+    "ones": "every component at 1: V@U vs W",
+    "stochastic": "the training's random masks",
+    "rounded": "ci_lower > threshold as 1, else 0",
+    "ppgd": "the persistent adversarial masks",
+    "pgd": "adversarial masks ascended on the batch",
+}
 
 
 def _threshold(run_dir: Path) -> float | None:
@@ -161,10 +168,13 @@ def _ce_lines(record: Record) -> list[str]:
         rel = f", {100 * (x - clean) / clean:+.1f} %" if clean else ""
         return f"{x:.4g} ({x - clean:+.3g}{rel})"
 
-    lines = [f"  cross entropy (nats/token): clean {clean:.4g}; with the CI masks {vs(ci)}"]
+    lines = [
+        "  cross entropy (nats/token): clean "
+        f"{clean:.4g}; with the CI masks (each component scaled by its CI) {vs(ci)}"
+    ]
     others = [
-        f"{m} {vs(x)}"
-        for m in _OTHER_MASKS
+        f"{m} ({what}) {vs(x)}"
+        for m, what in _OTHER_MASKS.items()
         if (x := finite(record.get(f"eval/ce_{m}"))) is not None
     ]
     if others:
@@ -239,7 +249,11 @@ def _eval(records: Sequence[Record]) -> list[str]:
     if last is None:
         return []
     rows = [[k[len("eval/") :], _num(v)] for k, v in last.items() if k.startswith("eval/")]
-    return [f"eval (step {last.get('step')}):", *table(["metric", "value"], rows)]
+    return [
+        f"eval (step {last.get('step')}; ce_<mask>: cross entropy in nats/token, kl_<mask>: "
+        "KL(clean || masked) in nats/token):",
+        *table(["metric", "value"], rows),
+    ]
 
 
 def _outputs(run_dir: Path) -> list[str]:
@@ -263,7 +277,7 @@ def _outputs(run_dir: Path) -> list[str]:
         rows.append(
             [str(path) + ("/" if path.is_dir() else ""), note if path.exists() else "(missing)"]
         )
-    return ["outputs:", *table(["path", ""], rows)]
+    return ["outputs:", *table(["path", "holds"], rows)]
 
 
 def _wall_time(records: Sequence[Record]) -> str | None:
