@@ -59,12 +59,15 @@ def hf_architecture(
             raise ConfigError([("target.architecture", msg)])
         return presets[arch]()
     if isinstance(arch, Mapping):
+        read = _KeysRead(arch)
         try:
-            return from_hf(arch)
+            model = from_hf(read)
         except ValueError as exc:
             # The mapping came from this config, not from a checkpoint's config.json.
             msg = str(exc).removeprefix("checkpoint config: ")
             raise ConfigError([("target.architecture", msg)]) from None
+        _refuse_unread(arch, read.keys_read)
+        return model
     if config.checkpoint is None:
         msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
         raise ConfigError([("target.architecture", msg)])
@@ -86,6 +89,64 @@ def hf_architecture(
         return from_hf(read_hf_config(path))
     except ValueError as exc:
         raise ConfigError([("target.checkpoint", str(exc))]) from None
+
+
+#: ``config.json`` fields that say nothing about pd's forward (token ids, init, caching,
+#: provenance; Qwen's window size, unused while ``use_sliding_window`` is false, which pd
+#: requires): accepted in ``target.architecture`` and ignored.
+IGNORED_HF_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "attention_dropout",
+        "bos_token_id",
+        "dtype",
+        "eos_token_id",
+        "initializer_range",
+        "max_window_layers",
+        "pad_token_id",
+        "pretraining_tp",
+        "sliding_window",
+        "torch_dtype",
+        "transformers_version",
+        "use_cache",
+    }
+)
+
+
+class _KeysRead(dict):  # type: ignore[type-arg]
+    """A copy of a mapping that records every key looked up in it."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        super().__init__(data)
+        self.keys_read: set[Any] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.keys_read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.keys_read.add(key)
+        return super().__contains__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.keys_read.add(key)
+        return super().get(key, default)
+
+
+def _refuse_unread(arch: Mapping[str, Any], keys_read: set[Any]) -> None:
+    """A field of the config's ``target.architecture`` mapping that the family's reader never
+    looked at is a typo or a setting pd does not have (``rope_thetha``, ``n_heads``): refused,
+    not left to a default (a checkpoint's own config.json may carry anything, as for
+    transformers)."""
+    unread = [k for k in arch if k not in keys_read and k not in IGNORED_HF_FIELDS]
+    if unread:
+        known = ", ".join(sorted(str(k) for k in keys_read if isinstance(k, str)))
+        raise ConfigError(
+            [
+                (f"target.architecture.{k}", f"unknown field; this family reads {known}")
+                for k in unread
+            ]
+        )
 
 
 def hf_shardings(layout: Any, params: Mapping[str, Any], *, hidden_size: int) -> Any:
