@@ -90,7 +90,7 @@ def test_a_threshold_of_one_or_more_is_refused(
 ) -> None:
     # ci_lower lies in [0, 1]: `ci_lower > t` holds nowhere at t >= 1 (every L0 0).
     problems = _problems(tiny_run_config, f"pd.{field}={value}")
-    assert problems[f"pd.{field}"].startswith(f"got {value}; must be in [0, 1)")
+    assert problems[f"pd.{field}"].startswith(f"got {value}; must be in [0.0, 1.0)")
     prepare(apply_overrides(tiny_run_config, [f"pd.{field}=0.99"]), for_run=False)
 
 
@@ -251,3 +251,39 @@ def test_a_grid_inside_a_set_override_is_refused(
         argv,
         "pd.components.lr: overlaps --set pd.components; one point would set the field twice",
     )
+
+
+# --- pd-train pull -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["offline", "disabled"])
+def test_pulling_a_wandb_reference_offline_says_what_to_pull_instead(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    # It reached wandb.Api() and said "No API key configured. Use `wandb login`".
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", mode)
+    argv = ["pull", "wandb:someone/project/runs/abc123", "--out", str(tmp_path / "out")]
+    err = _refused(tmp_path, capsys, argv)
+    assert f"WANDB_MODE={mode} reaches no W&B server; pull the run's offline directory" in err
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/outside.txt", ""])
+def test_a_manifest_path_outside_the_run_dir_is_refused(tmp_path: Path, name: str) -> None:
+    # dest / "../x" wrote beside the pulled run dir, dest / "/etc/x" anywhere.
+    from types import SimpleNamespace
+
+    from pd_train.analysis.wandb_io import PullError, _copy_offline
+
+    staged = tmp_path / "staged"
+    staged.write_text("data")
+    entry = SimpleNamespace(path=name, local_path=str(staged), size=4, digest="")
+    artifact = SimpleNamespace(manifest=SimpleNamespace(contents=[entry]))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(PullError, match="names a file outside the run dir"):
+        _copy_offline(artifact, dest)
+    assert not (tmp_path / "outside.txt").exists() and list(dest.iterdir()) == []

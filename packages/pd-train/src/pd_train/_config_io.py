@@ -80,23 +80,28 @@ def in_range(low: float, high: float) -> Callable[[Any, Any, Any], None]:
 #: The largest ``seed``: JAX keys hold 32 bits (``jax.random.key(2**32)`` is ``key(0)``) and
 #: ``seed + 1`` seeds the eval stream and random target weights.
 MAX_SEED = 2**32 - 2
+_SEED_ALLOWED = (
+    f"an int in [0, {MAX_SEED}] (JAX keys hold 32 bits: a larger seed would repeat a smaller "
+    "one's draws; numpy refuses a negative one)"
+)
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
 
 
 def seed_problem(value: Any) -> str | None:
     """Why ``value`` is not a usable ``seed``, or None (an int in [0, :data:`MAX_SEED`])."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
-        return (
-            f"got {value!r}; must be an int in [0, {MAX_SEED}] (JAX keys hold 32 bits: a "
-            "larger seed would repeat a smaller one's draws, and numpy refuses a negative one)"
-        )
-    return None
+    return None if _is_seed(value) else f"got {value!r}; must be {_SEED_ALLOWED}"
 
 
-def valid_seed(_instance: Any, attribute: Any, value: Any) -> None:
-    """attrs validator of a ``seed`` field (:func:`seed_problem`)."""
-    problem = seed_problem(value)
-    if problem is not None:
-        raise FieldValueError(attribute.name, problem)
+#: attrs validator of a ``seed`` field (:func:`seed_problem`).
+valid_seed = _check(_is_seed, _SEED_ALLOWED)
+
+
+def in_half_open(low: float, high: float, why: str = "") -> Callable[[Any, Any, Any], None]:
+    """``low <= value < high`` (``why``: what the bound means, appended to the message)."""
+    return _check(lambda v: low <= v < high, f"in [{low}, {high}){why}")
 
 
 def one_of(*choices: Any) -> Callable[[Any, Any, Any], None]:

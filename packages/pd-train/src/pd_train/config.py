@@ -17,6 +17,7 @@ import attrs
 from pd_train._config_io import (
     ConfigError,
     FieldValueError,
+    in_half_open,
     in_range,
     non_negative,
     one_of,
@@ -91,15 +92,13 @@ def _term_name(_instance: object, attribute: attrs.Attribute, value: str | None)
 RESERVED_TERM_NAMES = frozenset({"total"})
 
 
-def _below_one(_instance: object, attribute: attrs.Attribute, value: float | None) -> None:  # type: ignore[type-arg]
-    """A threshold on ci_lower, which lies in [0, 1]: ``ci_lower > t`` holds for no value at
-    t >= 1 (every component would count as off), so t must be in [0, 1)."""
-    if value is not None and not 0.0 <= value < 1.0:
-        msg = (
-            f"got {value!r}; must be in [0, 1): it is compared as ci_lower > threshold and "
-            "ci_lower lies in [0, 1], so 1 or more counts every component off"
-        )
-        raise FieldValueError(attribute.name, msg)
+#: A threshold on ci_lower, which lies in [0, 1]: ``ci_lower > t`` holds for no value at t >= 1.
+_below_one = in_half_open(
+    0.0,
+    1.0,
+    " (it is compared as ci_lower > threshold and ci_lower lies in [0, 1]: 1 or more counts "
+    "every component off)",
+)
 
 
 #: The optional ``name`` of a ``pd.loss_metrics`` entry: it reports ``loss/{name}`` instead of

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
+import jax
+import jax.numpy as jnp
 
 from pd_train._config_io import ConfigError, FieldValueError, one_of
 from pd_train.targets.registry import TargetConfig
 
-__all__ = ["HFTargetConfig", "hf_architecture", "hf_shardings"]
+__all__ = ["HFDecoderTarget", "HFTargetConfig", "hf_architecture", "hf_shardings"]
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +37,58 @@ class HFTargetConfig(TargetConfig):
         default="float32", validator=one_of("float32", "bfloat16")
     )
     strict: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class HFDecoderTarget:
+    """What the Hugging Face decoders (Llama and the Qwens, GPT-2) share behind the
+    :class:`~pd_train.targets.Target` interface: their kinds, params and LM head come from one
+    model module (``module``: :mod:`pd_train.models.llama`, :mod:`pd_train.models.gpt2`), the
+    output is logits [B, T, vocab] compared by KL, and the sites outside the layer stack are
+    ``embed_tokens`` (a lookup into its rows, [vocab, d]) and ``lm_head`` ([d, vocab]; with tied
+    embeddings the table transposed). A subclass sets ``module`` and its ``start``/``layer``."""
+
+    config: Any
+    module: ClassVar[Any]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.module.KINDS  # type: ignore[no-any-return]
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def output_loss(self) -> Literal["kl", "mse"]:
+        return "kl"
+
+    def site_shapes(self) -> dict[str, tuple[int, int]]:
+        return self.config.site_shapes()  # type: ignore[no-any-return]
+
+    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
+        d, v = self.config.hidden_size, self.config.vocab_size
+        return {"embed_tokens": (v, d), "lm_head": (d, v)}
+
+    def global_weights(self, params: Any) -> dict[str, jax.Array]:
+        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
+        table = params["embed_tokens"]
+        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
+        return {"embed_tokens": table, "lm_head": head}
+
+    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
+        return self.module.init_params(self.config, key=key, dtype=dtype)
+
+    def embed(self, params: Any, inputs: jax.Array, dtype: Any, lookup: Any = None) -> jax.Array:
+        """The residual stream [B, T, d] of tokens [B, T] (``lookup``: the embedding site's)."""
+        if lookup is None:
+            return self.module.embed(params, inputs, dtype)  # type: ignore[no-any-return]
+        return self.module.embed(params, inputs, dtype, lookup)  # type: ignore[no-any-return]
+
+    def finish(self, params: Any, h: jax.Array, linear: Any = None) -> jax.Array:
+        if linear is None:
+            return self.module.unembed(params, h, self.config)  # type: ignore[no-any-return]
+        return self.module.unembed(params, h, self.config, linear)  # type: ignore[no-any-return]
 
 
 def hf_architecture(
