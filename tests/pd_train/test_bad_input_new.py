@@ -287,3 +287,45 @@ def test_a_manifest_path_outside_the_run_dir_is_refused(tmp_path: Path, name: st
     with pytest.raises(PullError, match="names a file outside the run dir"):
         _copy_offline(artifact, dest)
     assert not (tmp_path / "outside.txt").exists() and list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "fixture"),
+    [
+        ("gpt2", "gpt2"),
+        ("gpt2", "gpt2_bare"),
+        ("llama", "llama3_gqa"),
+        ("llama", "tied"),
+        ("qwen2", "qwen2"),
+        ("qwen3", "qwen3"),
+    ],
+)
+def test_a_whole_config_json_stays_a_valid_architecture_mapping(kind: str, fixture: str) -> None:
+    # What a checkpoint's config.json says beside the architecture (token ids, dropout, ...) is
+    # accepted and ignored; only fields no family reads are refused.
+    import json
+
+    from pd_train.run_config import target_architecture
+    from pd_train.targets import target_kind
+
+    fixtures = Path(__file__).parent / "fixtures"
+    arch = json.loads((fixtures / fixture / "config.json").read_text())
+    target_architecture(target_kind(kind).config(architecture=arch))
+    with pytest.raises(ConfigError, match=r"target\.architecture\.n_heads: unknown field"):
+        target_architecture(target_kind(kind).config(architecture={**arch, "n_heads": 1}))
+
+
+def test_a_grid_over_a_structural_field_is_allowed_and_says_it_compiles_per_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _sweep_config(tmp_path)
+    argv = ["sweep", str(path), "--sweep-dir", str(tmp_path / "sweep"), "--dry-run"]
+    argv += ["--set-grid", "seed=[0,1]", "--set-grid", "pd.ci.type=[mlp, vector_mlp]"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "is structural" in line]
+    assert notes == [
+        "# pd.ci.type is structural (which loss term or CI function this is): each of its "
+        "values compiles its programs"
+    ], out
+    assert not (tmp_path / "sweep").exists()

@@ -45,7 +45,7 @@ from typing import Any
 
 from pd_train._config_io import ConfigError, add_override_argument, parse_override, parse_path
 
-__all__ = ["Point", "add_parser", "parse_grid", "plan_points", "sweep"]
+__all__ = ["Point", "add_parser", "parse_grid", "plan_points", "structural_notes", "sweep"]
 
 SWEEP_FILE = "sweep.json"
 POINT_FILE = "point.json"
@@ -197,6 +197,23 @@ def plan_points(sets: Sequence[str], grids: Sequence[str]) -> list[Point]:
         overrides = (*sets, *(f"{path}={json.dumps(value)}" for path, value in grid))
         points.append(Point(i, grid, overrides))
     return points
+
+
+def structural_notes(points: Sequence[Point], raw: Any) -> list[str]:
+    """One line per grid over a structural field (docs/hyperparameters.md): allowed, but each
+    of its values compiles its own programs (a grid over values alone compiles once)."""
+    from pd_train.hyperparameters import leaf_class
+
+    notes = []
+    for path, _ in points[0].grid if points else ():
+        try:
+            field = leaf_class(path, raw)
+        except (KeyError, IndexError, TypeError, ValueError):  # a section, not a leaf
+            continue
+        if field.kind == "structural":
+            msg = f"{path} is structural ({field.why}): each of its values compiles its programs"
+            notes.append(msg)
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,10 +516,13 @@ def sweep(args: argparse.Namespace) -> int:
     job = None
     if args.slurm:
         job = array_job(prepared[0].config, sweep_dir, points, chdir=Path.cwd())
+    notes = structural_notes(points, prepared[0].raw)
     if args.dry_run:
         print(f"# --dry-run: nothing written. {len(points)} points in {sweep_dir}:")
         for point in points:
             print(f"#   {point.name}: {point.describe()}")
+        for note in notes:
+            print(f"# {note}")
         if job is not None:
             import pd_launch
 
@@ -511,4 +531,6 @@ def sweep(args: argparse.Namespace) -> int:
     if job is not None:
         return _submit_array(job, sweep_dir, args, points, prepared)
     _write_sweep_dir(sweep_dir, args, points, prepared)
+    for note in notes:
+        print(f"pd-train sweep: {note}")
     return _run_points(sweep_dir, points, max_steps=args.max_steps)

@@ -145,21 +145,32 @@ def hf_architecture(
         raise ConfigError([("target.checkpoint", str(exc))]) from None
 
 
-#: ``config.json`` fields that say nothing about pd's forward (token ids, init, caching,
-#: provenance; Qwen's window size, unused while ``use_sliding_window`` is false, which pd
-#: requires): accepted in ``target.architecture`` and ignored.
+#: ``config.json`` fields that say nothing about pd's forward (token ids, init, dropout,
+#: caching, GPT-2's classification head, provenance; Qwen's window size, unused while
+#: ``use_sliding_window`` is false, which pd requires): accepted in ``target.architecture``
+#: and ignored.
 IGNORED_HF_FIELDS = frozenset(
     {
         "_name_or_path",
         "attention_dropout",
+        "attn_pdrop",
         "bos_token_id",
         "dtype",
+        "embd_pdrop",
         "eos_token_id",
         "initializer_range",
         "max_window_layers",
+        "n_ctx",
         "pad_token_id",
         "pretraining_tp",
+        "resid_pdrop",
         "sliding_window",
+        "summary_activation",
+        "summary_first_dropout",
+        "summary_proj_to_labels",
+        "summary_type",
+        "summary_use_proj",
+        "task_specific_params",
         "torch_dtype",
         "transformers_version",
         "use_cache",
