@@ -329,3 +329,54 @@ def test_a_grid_over_a_structural_field_is_allowed_and_says_it_compiles_per_valu
         "values compiles its programs"
     ], out
     assert not (tmp_path / "sweep").exists()
+
+
+# --- toys ----------------------------------------------------------------------------------
+
+
+def test_a_toy_resume_keeps_the_frequency_ema(tmp_path: Path) -> None:
+    # The toy runner's checkpoint left TrainState.term_state out: a resumed smooth-L0 run with
+    # an EMA restarted it from zeros (the main run's checkpoint keeps it).
+    import attrs
+    import numpy as np
+
+    from pd_train.checkpoints import Checkpoints
+    from pd_train.config import FaithfulnessWarmup
+    from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
+
+    toy = toy_config("tms_5_2_fast")
+    terms = tuple(
+        SmoothL0ImportanceMinimality(coeff=t.coeff, frequency_coeff=1e-4, ema_halflife_steps=5.0)
+        if t.type == "importance_minimality"
+        else t
+        for t in toy.pd.loss_metrics
+    )
+    pd = attrs.evolve(
+        toy.pd,
+        steps=20,
+        batch_size=64,
+        loss_metrics=terms,
+        faithfulness_warmup=FaithfulnessWarmup(steps=0),
+    )
+    target = make_target(toy)
+    trainer = Trainer(target, pd)
+
+    def run(ckpt: Checkpoints, **kw: object) -> object:
+        _, state = decompose(
+            target, toy_weights("tms_5_2"), pd, seed=3, feature_probability=toy.feature_probability,
+            data=toy_data(toy), trainer=trainer, steps_per_call=10, log_every=10,
+            checkpoints=ckpt, **kw,
+        )  # fmt: skip
+        return jax.device_get(state)
+
+    with Checkpoints(tmp_path / "straight") as ckpt:
+        straight = run(ckpt, checkpoint_every=10)
+    with Checkpoints(tmp_path / "stopped") as ckpt:
+        run(ckpt, checkpoint_every=10, max_steps=10)
+    with Checkpoints(tmp_path / "stopped") as ckpt:
+        resumed = run(ckpt, resume=True)
+    assert straight.term_state and int(resumed.step) == 20
+    for a, b in zip(
+        jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
