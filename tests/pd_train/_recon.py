@@ -4,6 +4,7 @@ down in each of 2 layers), random components and CI, and a batch of tokens (`_da
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +30,13 @@ SPEC = ForwardSpec(model=MODEL, decomposition=DEC)
 B, T = 2, 6
 
 
-@functools.cache
-def _data() -> tuple:
-    target = llama.init_params(MODEL, key=jax.random.key(0))
+def random_recon_data(model: Any, dec: Any, b: int, t: int) -> tuple:
+    """(target weights of key 0, random V/U {kind: {V, U}}, CI [n_k, b, t, C] in [0, 1], tokens
+    [b, t]) of the decomposition ``dec`` of ``model``, drawn from numpy's seed 0."""
+    target = llama.init_params(model, key=jax.random.key(0))
     rng = np.random.default_rng(0)
     comps, ci = {}, {}
-    for layout in DEC.kinds:
+    for layout in dec.kinds:
         n = len(layout.layers)
         comps[layout.kind] = {
             "V": jnp.asarray(
@@ -44,9 +46,14 @@ def _data() -> tuple:
                 rng.standard_normal((n, layout.C, layout.d_out)) / layout.C**0.5, jnp.float32
             ),
         }
-        ci[layout.kind] = jnp.asarray(rng.uniform(0, 1, (n, B, T, layout.C)), jnp.float32)
-    tokens = jnp.asarray(rng.integers(0, MODEL.vocab_size, (B, T)), jnp.int32)
+        ci[layout.kind] = jnp.asarray(rng.uniform(0, 1, (n, b, t, layout.C)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, model.vocab_size, (b, t)), jnp.int32)
     return target, comps, ci, tokens
+
+
+@functools.cache
+def _data() -> tuple:
+    return random_recon_data(MODEL, DEC, B, T)
 
 
 def _chi2(counts: np.ndarray) -> float:

@@ -29,6 +29,7 @@ from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.sources import sample_source
 
+from ._recon import random_recon_data
 from ._tiny import FAST
 
 MODEL = LlamaConfig(
@@ -55,22 +56,7 @@ B, T = 2, 6
 
 @functools.cache
 def _data() -> tuple[Any, Any, Any, Any]:
-    target = llama.init_params(MODEL, key=jax.random.key(0))
-    rng = np.random.default_rng(0)
-    comps, ci = {}, {}
-    for layout in DEC.kinds:
-        n = len(layout.layers)
-        comps[layout.kind] = {
-            "V": jnp.asarray(
-                rng.standard_normal((n, layout.d_in, layout.C)) / layout.d_in**0.5, jnp.float32
-            ),
-            "U": jnp.asarray(
-                rng.standard_normal((n, layout.C, layout.d_out)) / layout.C**0.5, jnp.float32
-            ),
-        }
-        ci[layout.kind] = jnp.asarray(rng.uniform(0, 1, (n, B, T, layout.C)), jnp.float32)
-    tokens = jnp.asarray(rng.integers(0, MODEL.vocab_size, (B, T)), jnp.int32)
-    return target, comps, ci, tokens
+    return random_recon_data(MODEL, DEC, B, T)
 
 
 def _recon(target: Any, comps: Any, ci: Any, tokens: Any, key: Any, stream: Any = None) -> Any:

@@ -246,30 +246,38 @@ def run_probe(
     if probe.exists() and any(probe.iterdir()):
         msg = f"probe dir {probe} is not empty; give a new directory for each probe"
         raise ProbeError(msg)
-    launcher = launcher or LocalLauncher()
-
+    runs = _Runs(
+        probe=probe,
+        command=tuple(command),
+        mode=mode,
+        launcher=launcher or LocalLauncher(),
+        base_env=base_env,
+        progress=progress,
+    )
     # Validate first: every config and every command is built before anything is written.
-    to_run: list[Arm] = []
-    statuses: dict[str, ArmStatus] = {}
-    configs: dict[str, dict[str, Any]] = {}
-    for arm in grid.arms:
-        paths = arm_paths(probe, arm.name)
-        if arm.name in grid.aliases:
-            statuses[arm.name] = ArmStatus(arm.name, "alias", alias_of=grid.aliases[arm.name])
-            continue
-        if arm.gpu_only and not include_gpu_only:
-            statuses[arm.name] = ArmStatus(arm.name, "skipped", error="GPU-only arm")
-            continue
-        extra = path_overrides(paths) if path_overrides is not None else None
-        configs[arm.name] = grid.config_with(arm.name, extra)
-        _format_command(command, _placeholders(arm, paths, 1, mode))
-        arm_env(arm, paths, 1, mode=mode, base_env=base_env)
-        to_run.append(arm)
+    to_run, configs = runs.plan(grid, include_gpu_only=include_gpu_only, overrides=path_overrides)
+    _write_probe_dir(probe, grid, runs, configs)
+    todo = deque(to_run)
+    while todo or runs.active:
+        while todo and len(runs.active) < max_parallel:
+            runs.start(todo.popleft(), 1)
+        if runs.active:
+            runs.wait_next(timeout_s=timeout_s, require_record=require_record)
 
+    equivalence: tuple[EquivalenceCheck, ...] = ()
+    if mode == "steps":
+        equivalence = tuple(check_equivalence(probe, loss_keys=loss_keys))
+    ordered = {arm.name: runs.statuses[arm.name] for arm in grid.arms}
+    return ProbeResult(probe_dir=probe, mode=mode, arms=ordered, equivalence=equivalence)
+
+
+def _write_probe_dir(probe: Path, grid: Grid, runs: _Runs, configs: dict[str, Any]) -> None:
+    """``grid.json`` (the grid, the mode, the command, the start time) and per arm its dirs and
+    config, or the status of an arm that does not run (an alias, a skipped GPU-only arm)."""
     manifest = {
         **grid.to_dict(),
-        "mode": mode,
-        "command": list(command),
+        "mode": runs.mode,
+        "command": list(runs.command),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     write_json(probe / "grid.json", manifest)
@@ -281,31 +289,73 @@ def run_probe(
             paths.cache_dir.mkdir(parents=True, exist_ok=True)
             paths.autotune_dir.mkdir(parents=True, exist_ok=True)
         else:
-            write_json(paths.status, statuses[arm.name].to_dict())
+            write_json(paths.status, runs.statuses[arm.name].to_dict())
 
-    runs: dict[str, list[RunStatus]] = {arm.name: [] for arm in to_run}
-    active: deque[tuple[Arm, int, Any, float, tuple[str, ...]]] = deque()
 
-    def start(arm: Arm, run: int) -> None:
-        paths = arm_paths(probe, arm.name)
+@attrs.define(kw_only=True)
+class _Runs:
+    """:func:`run_probe`'s scheduler: the runs in flight, each arm's finished runs and its
+    status (written to its ``status.json`` when its last run ends)."""
+
+    probe: Path
+    command: tuple[str, ...]
+    mode: Mode
+    launcher: Launcher
+    base_env: Mapping[str, str] | None
+    progress: Callable[[str], None] | None
+    statuses: dict[str, ArmStatus] = attrs.field(factory=dict)
+    runs: dict[str, list[RunStatus]] = attrs.field(factory=dict)
+    active: deque[tuple[Arm, int, Any, float, tuple[str, ...]]] = attrs.field(factory=deque)
+
+    def plan(
+        self,
+        grid: Grid,
+        *,
+        include_gpu_only: bool,
+        overrides: Callable[[ArmPaths], OverridesLike] | None,
+    ) -> tuple[list[Arm], dict[str, dict[str, Any]]]:
+        """The arms to run and their configs, every config and command built (and so
+        validated); aliases and skipped arms get their status."""
+        to_run: list[Arm] = []
+        configs: dict[str, dict[str, Any]] = {}
+        for arm in grid.arms:
+            paths = arm_paths(self.probe, arm.name)
+            if arm.name in grid.aliases:
+                alias = grid.aliases[arm.name]
+                self.statuses[arm.name] = ArmStatus(arm.name, "alias", alias_of=alias)
+                continue
+            if arm.gpu_only and not include_gpu_only:
+                self.statuses[arm.name] = ArmStatus(arm.name, "skipped", error="GPU-only arm")
+                continue
+            extra = overrides(paths) if overrides is not None else None
+            configs[arm.name] = grid.config_with(arm.name, extra)
+            _format_command(self.command, _placeholders(arm, paths, 1, self.mode))
+            arm_env(arm, paths, 1, mode=self.mode, base_env=self.base_env)
+            to_run.append(arm)
+            self.runs[arm.name] = []
+        return to_run, configs
+
+    def start(self, arm: Arm, run: int) -> None:
+        """Launch run ``run`` of ``arm`` (a launch that fails is that arm's failure)."""
+        paths = arm_paths(self.probe, arm.name)
         run_paths = paths.run(run)
         run_paths.out.mkdir(parents=True, exist_ok=True)
-        cmd = _format_command(command, _placeholders(arm, paths, run, mode))
-        env = arm_env(arm, paths, run, mode=mode, base_env=base_env)
+        cmd = _format_command(self.command, _placeholders(arm, paths, run, self.mode))
+        env = arm_env(arm, paths, run, mode=self.mode, base_env=self.base_env)
         t0 = time.monotonic()
         try:
-            handle = launcher.launch(arm, cmd, env, run_paths.dir)
+            handle = self.launcher.launch(arm, cmd, env, run_paths.dir)
         except Exception as e:  # recorded for this arm; the others still run
             error = f"could not launch: {type(e).__name__}: {e}"
-            runs[arm.name].append(RunStatus(run, "failed", None, 0.0, cmd, error))
-            finish(arm)
+            self.runs[arm.name].append(RunStatus(run, "failed", None, 0.0, cmd, error))
+            self.finish(arm)
             return
-        active.append((arm, run, handle, t0, cmd))
-        if progress is not None:
-            progress(f"{arm.name} run {run}: started")
+        self.active.append((arm, run, handle, t0, cmd))
+        if self.progress is not None:
+            self.progress(f"{arm.name} run {run}: started")
 
-    def finish(arm: Arm) -> None:
-        arm_runs = tuple(runs[arm.name])
+    def finish(self, arm: Arm) -> None:
+        arm_runs = tuple(self.runs[arm.name])
         bad = next((r for r in arm_runs if r.status != "ok"), None)
         status = ArmStatus(
             arm.name,
@@ -313,24 +363,21 @@ def run_probe(
             runs=arm_runs,
             error=None if bad is None else f"run {bad.run}: {bad.error}",
         )
-        statuses[arm.name] = status
-        write_json(arm_paths(probe, arm.name).status, status.to_dict())
+        self.statuses[arm.name] = status
+        write_json(arm_paths(self.probe, arm.name).status, status.to_dict())
 
-    todo = deque(to_run)
-    while todo or active:
-        while todo and len(active) < max_parallel:
-            start(todo.popleft(), 1)
-        if not active:
-            continue
-        arm, run, handle, t0, cmd = active.popleft()
+    def wait_next(self, *, timeout_s: float | None, require_record: bool) -> None:
+        """Wait for the oldest run in flight; record it, then start the arm's next run or
+        finish the arm."""
+        arm, run, handle, t0, cmd = self.active.popleft()
         limit = arm.timeout_s if arm.timeout_s is not None else timeout_s
         try:
-            returncode = launcher.wait(handle, timeout_s=limit)
+            returncode = self.launcher.wait(handle, timeout_s=limit)
             wait_error = None
         except Exception as e:  # a launcher that loses track of a job fails that arm only
             returncode, wait_error = None, f"wait failed: {type(e).__name__}: {e}"
         seconds = time.monotonic() - t0
-        run_paths = arm_paths(probe, arm.name).run(run)
+        run_paths = arm_paths(self.probe, arm.name).run(run)
         if wait_error is not None:
             result = RunStatus(run, "failed", None, seconds, cmd, wait_error)
         elif returncode is None:
@@ -343,17 +390,11 @@ def run_probe(
             result = RunStatus(run, "failed", returncode, seconds, cmd, error)
         else:
             result = RunStatus(run, "ok", returncode, seconds, cmd)
-        runs[arm.name].append(result)
-        if progress is not None:
+        self.runs[arm.name].append(result)
+        if self.progress is not None:
             cache = _cache_counts(run_paths.record) if result.status == "ok" else ""
-            progress(f"{arm.name} run {run}: {result.status} ({seconds:.1f} s{cache})")
+            self.progress(f"{arm.name} run {run}: {result.status} ({seconds:.1f} s{cache})")
         if result.status == "ok" and run < arm.repeats:
-            start(arm, run + 1)
+            self.start(arm, run + 1)
         else:
-            finish(arm)
-
-    equivalence: tuple[EquivalenceCheck, ...] = ()
-    if mode == "steps":
-        equivalence = tuple(check_equivalence(probe, loss_keys=loss_keys))
-    ordered = {arm.name: statuses[arm.name] for arm in grid.arms}
-    return ProbeResult(probe_dir=probe, mode=mode, arms=ordered, equivalence=equivalence)
+            self.finish(arm)

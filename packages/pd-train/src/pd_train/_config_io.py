@@ -77,6 +77,33 @@ def in_range(low: float, high: float) -> Callable[[Any, Any, Any], None]:
     return _check(lambda v: low <= v <= high, f"in [{low}, {high}]")
 
 
+#: The largest ``seed``: JAX keys hold 32 bits (``jax.random.key(2**32)`` is ``key(0)``) and
+#: ``seed + 1`` seeds the eval stream and random target weights.
+MAX_SEED = 2**32 - 2
+_SEED_ALLOWED = (
+    f"an int in [0, {MAX_SEED}] (JAX keys hold 32 bits: a larger seed would repeat a smaller "
+    "one's draws; numpy refuses a negative one)"
+)
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
+
+
+def seed_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable ``seed``, or None (an int in [0, :data:`MAX_SEED`])."""
+    return None if _is_seed(value) else f"got {value!r}; must be {_SEED_ALLOWED}"
+
+
+#: attrs validator of a ``seed`` field (:func:`seed_problem`).
+valid_seed = _check(_is_seed, _SEED_ALLOWED)
+
+
+def in_half_open(low: float, high: float, why: str = "") -> Callable[[Any, Any, Any], None]:
+    """``low <= value < high`` (``why``: what the bound means, appended to the message)."""
+    return _check(lambda v: low <= v < high, f"in [{low}, {high}){why}")
+
+
 def one_of(*choices: Any) -> Callable[[Any, Any, Any], None]:
     return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
 
@@ -228,6 +255,10 @@ def _make_converter() -> cattrs.Converter:
         base: Callable[[Any, Any], Any] = cattrs.gen.make_dict_structure_fn(cls, converter)
 
         def structure_attrs(value: Any, _type: Any) -> Any:
+            if not isinstance(value, Mapping):  # cattrs would say "'float' is not iterable"
+                names = ", ".join(a.name for a in attrs.fields(cls))
+                msg = f"got {_short(value)} ({type(value).__name__}); expected a mapping of {names}"
+                raise TypeError(msg)
             try:
                 return base(value, cls)
             except (ClassValidationError, FieldValueError) as exc:
@@ -472,7 +503,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
                 node = node[part]
                 continue
             if not isinstance(node, dict):
-                raise ConfigError([(walked, f"cannot set a field inside {node!r}")])
+                raise ConfigError([(walked, _not_a_mapping(walked, part, node))])
             if node.get(part) is None:
                 node[part] = [] if isinstance(following, int) else {}
             node = node[part]
@@ -484,8 +515,22 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise ConfigError([(walked, f"cannot set field {last!r} inside {node!r}")])
+            where = _join(walked, last)
+            raise ConfigError([(where, _not_a_mapping(where, last, node))])
     return result
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _not_a_mapping(walked: str, part: str | int, node: Any) -> str:
+    """Why ``part`` (the last name of ``walked``) cannot be set inside ``node``."""
+    parent = walked.rsplit(".", 1)[0] if "." in walked else "the config"
+    if isinstance(node, list) and isinstance(part, str) and part.isdigit():
+        return f"{parent} is a list ({len(node)} items); index it with brackets: {parent}[{part}]"
+    return f"cannot set {part!r}: {parent} is {_short(node)} ({type(node).__name__}), not a mapping"
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -309,6 +309,14 @@ def _config(args: argparse.Namespace) -> int:
     from pd_train.run import prepare
     from pd_train.run_config import to_yaml
 
+    if is_toy_config(args.config):  # the toy's resolved config, checked as `run` checks it
+        import yaml
+
+        from pd_train import toy_cli
+
+        raw = toy_cli.load_toy_config(args.config, args.overrides)
+        print(yaml.safe_dump(raw, sort_keys=False), end="")
+        return 0
     # Validated as `pd-train compile` validates (the target, patterns, cadences), then printed
     # as written (paths not made absolute); weight and data files are not opened.
     source = config_source(args.config)

@@ -17,6 +17,7 @@ import attrs
 from pd_train._config_io import (
     ConfigError,
     FieldValueError,
+    in_half_open,
     in_range,
     non_negative,
     one_of,
@@ -83,6 +84,22 @@ def _term_name(_instance: object, attribute: attrs.Attribute, value: str | None)
             " (the term reports loss/<name>)"
         )
         raise FieldValueError(attribute.name, msg)
+    if value in RESERVED_TERM_NAMES:
+        msg = f"got {value!r}; loss/{value} is the sum of the terms: give the term another name"
+        raise FieldValueError(attribute.name, msg)
+
+
+#: Names a loss term may not take: its ``loss/<name>`` metric would be overwritten.
+RESERVED_TERM_NAMES = frozenset({"total"})
+
+
+#: A threshold on ci_lower, which lies in [0, 1]: ``ci_lower > t`` holds for no value at t >= 1.
+_below_one = in_half_open(
+    0.0,
+    1.0,
+    " (it is compared as ci_lower > threshold and ci_lower lies in [0, 1]: 1 or more counts "
+    "every component off)",
+)
 
 
 #: The optional ``name`` of a ``pd.loss_metrics`` entry: it reports ``loss/{name}`` instead of
@@ -584,9 +601,9 @@ class PDConfig:
     components: OptimizerConfig
     ci_fn: OptimizerConfig
     faithfulness_warmup: FaithfulnessWarmup = attrs.field(factory=FaithfulnessWarmup)
-    l0_threshold: float = attrs.field(default=0.0, validator=non_negative())
+    l0_threshold: float = attrs.field(default=0.0, validator=_below_one)
     #: The eval's ``rounded`` masks: m = [ci_lower > rounding_threshold] (null: l0_threshold).
-    rounding_threshold: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0))
+    rounding_threshold: float | None = attrs.field(default=None, validator=_below_one)
     #: False: no delta component; a live site outputs ((x@V)·m)@U, with no δ·(x@Δ) term and
     #: no delta channel in the drawn sources (adversarial sources keep theirs, unused).
     use_delta_component: bool = True

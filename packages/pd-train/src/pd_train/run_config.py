@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from pd_train import _config_io
-from pd_train._config_io import ConfigError, FieldValueError, non_negative, positive
+from pd_train._config_io import ConfigError, FieldValueError, non_negative, positive, valid_seed
 from pd_train.config import PDConfig, RuntimeConfig
 from pd_train.launch_config import LaunchConfig
 from pd_train.models.llama_config import LLAMA_PRESETS
@@ -89,7 +89,7 @@ class CadenceConfig:
 @attrs.frozen(kw_only=True)
 class Config:
     run_name: str
-    seed: int = 0
+    seed: int = attrs.field(default=0, validator=valid_seed)
     output_dir: str = "runs"
     target: TargetConfig
     data: DataConfig

@@ -2,8 +2,12 @@
 
 Order (nothing is written before every point passed every check):
 
-1. each ``--set-grid PATH=[...]`` is a non-empty list of values; the points are their product
-   (the first grid varies slowest), each with the plain ``--set`` overrides too;
+1. each ``--set-grid PATH=[...]`` is a non-empty list of distinct values; the points are their
+   product (the first grid varies slowest), each with the plain ``--set`` overrides too. No
+   field is set twice in a point: two grids (or a grid and a ``--set``) over one path, or one
+   path inside another (``pd.loss_metrics[1]`` and ``pd.loss_metrics[1].coeff``), are refused.
+   A grid may cover a structural field (``pd.ci.type``, a ``C``): such points compile their
+   own programs; points that differ only in values (docs/hyperparameters.md) share them;
 2. every point is validated as ``pd-train run`` would (:func:`pd_train.run.prepare`), and with
    ``--slurm`` its launch section as ``pd-train submit`` would; one bad point refuses the whole
    sweep (exit 2), naming the point and the field path;
@@ -39,9 +43,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError, add_override_argument, parse_override
+from pd_train._config_io import ConfigError, add_override_argument, parse_override, parse_path
 
-__all__ = ["Point", "add_parser", "parse_grid", "plan_points", "sweep"]
+__all__ = ["Point", "add_parser", "parse_grid", "plan_points", "structural_notes", "sweep"]
 
 SWEEP_FILE = "sweep.json"
 POINT_FILE = "point.json"
@@ -129,21 +133,62 @@ class Point:
         return ", ".join(f"{path}={json.dumps(value)}" for path, value in self.grid)
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two grid values configure the same thing (``1`` and ``1.0`` do; ``true`` and
+    ``1`` do not)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _overlap(a: tuple[str | int, ...], b: tuple[str | int, ...]) -> bool:
+    """Whether one field path is the other or lies inside it."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def _grid_problems(sets: Sequence[str], parsed: Sequence[tuple[str, list[Any]]]) -> list[Any]:
+    """Grids that would set one field twice (the same path, however spelled, or one path inside
+    another, also a ``--set`` one: the later would silently win), and repeated values (two
+    identical points)."""
+    problems: list[tuple[str, str]] = []
+    given = [(tuple(parse_override(s)[0]), s.split("=", 1)[0].strip()) for s in sets]
+    seen: list[tuple[tuple[str | int, ...], str]] = []
+    for path, values in parsed:
+        parts = tuple(parse_path(path))
+        for other_parts, other in seen:
+            if other_parts == parts:
+                msg = "appears in two --set-grid options; give its values once"
+            elif _overlap(parts, other_parts):
+                msg = f"overlaps --set-grid {other}; one point would set the field twice"
+            else:
+                continue
+            problems.append((path, msg))
+            break
+        for other_parts, other in given:
+            if _overlap(parts, other_parts):
+                if other_parts == parts:
+                    msg = "is given by --set and by --set-grid; keep one"
+                else:
+                    msg = f"overlaps --set {other}; one point would set the field twice"
+                problems.append((path, msg))
+        seen.append((parts, path))
+        for i, value in enumerate(values):
+            if any(_same_value(value, v) for v in values[:i]):
+                msg = (
+                    f"the value {json.dumps(value)} appears twice in --set-grid {path}; two "
+                    "points would be the same run"
+                )
+                problems.append((path, msg))
+                break
+    return problems
+
+
 def plan_points(sets: Sequence[str], grids: Sequence[str]) -> list[Point]:
     """The product of ``grids`` (the first varies slowest), each point with ``sets`` first."""
     if not grids:
         msg = "no --set-grid given; a sweep needs at least one, e.g. --set-grid 'seed=[0,1]'"
         raise ConfigError([("--set-grid", msg)])
     parsed = [parse_grid(g) for g in grids]
-    problems = []
-    seen: set[str] = set()
-    set_paths = {s.split("=", 1)[0].strip() for s in sets}
-    for path, _ in parsed:
-        if path in seen:
-            problems.append((path, "appears in two --set-grid options; give its values once"))
-        elif path in set_paths:
-            problems.append((path, "is given by --set and by --set-grid; keep one"))
-        seen.add(path)
+    problems = _grid_problems(sets, parsed)
     if problems:
         raise ConfigError(problems)
     points = []
@@ -152,6 +197,23 @@ def plan_points(sets: Sequence[str], grids: Sequence[str]) -> list[Point]:
         overrides = (*sets, *(f"{path}={json.dumps(value)}" for path, value in grid))
         points.append(Point(i, grid, overrides))
     return points
+
+
+def structural_notes(points: Sequence[Point], raw: Any) -> list[str]:
+    """One line per grid over a structural field (docs/hyperparameters.md): allowed, but each
+    of its values compiles its own programs (a grid over values alone compiles once)."""
+    from pd_train.hyperparameters import leaf_class
+
+    notes = []
+    for path, _ in points[0].grid if points else ():
+        try:
+            field = leaf_class(path, raw)
+        except (KeyError, IndexError, TypeError, ValueError):  # a section, not a leaf
+            continue
+        if field.kind == "structural":
+            msg = f"{path} is structural ({field.why}): each of its values compiles its programs"
+            notes.append(msg)
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,8 +486,14 @@ def _submit_array(
 
 def sweep(args: argparse.Namespace) -> int:
     from pd_train import run as runner
-    from pd_train.cli import config_source
+    from pd_train.cli import config_source, is_toy_config
 
+    if is_toy_config(args.config):
+        msg = (
+            f"{args.config} is a toy config; pd-train sweep runs decomposition configs. Run a "
+            f"toy's points one by one: pd-train run {args.config} --set seed=N"
+        )
+        raise ConfigError([("config", msg)])
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError([("--max-steps", f"got {args.max_steps}; must be >= 1")])
     if args.slurm and args.max_steps is not None:
@@ -448,10 +516,13 @@ def sweep(args: argparse.Namespace) -> int:
     job = None
     if args.slurm:
         job = array_job(prepared[0].config, sweep_dir, points, chdir=Path.cwd())
+    notes = structural_notes(points, prepared[0].raw)
     if args.dry_run:
         print(f"# --dry-run: nothing written. {len(points)} points in {sweep_dir}:")
         for point in points:
             print(f"#   {point.name}: {point.describe()}")
+        for note in notes:
+            print(f"# {note}")
         if job is not None:
             import pd_launch
 
@@ -460,4 +531,6 @@ def sweep(args: argparse.Namespace) -> int:
     if job is not None:
         return _submit_array(job, sweep_dir, args, points, prepared)
     _write_sweep_dir(sweep_dir, args, points, prepared)
+    for note in notes:
+        print(f"pd-train sweep: {note}")
     return _run_points(sweep_dir, points, max_steps=args.max_steps)

@@ -104,12 +104,16 @@ def toy_pd_config(raw: dict[str, Any], *, source: str | None = None) -> Any:
     from pd_train._config_io import ConfigError, structure
     from pd_train.config import PDConfig, check_pd_config
     from pd_train.decomposition import build_decomposition
+    from pd_train.losses import check_one_adversary
     from pd_train.targets.toys import make_target, toy_config
 
     try:
         pd = structure(raw["pd"], PDConfig)
         check_pd_config(pd, path="pd")
-        build_decomposition(make_target(toy_config(raw["toy"])), pd.decomposition_targets)
+        decomposition = build_decomposition(
+            make_target(toy_config(raw["toy"])), pd.decomposition_targets
+        )
+        check_one_adversary(pd, decomposition, seq_len=1)  # a toy batch is [B, 1, n_features]
     except ConfigError as exc:
         problems = [
             (p if p.startswith("pd.") or p == "pd" else f"pd.{p}" if p else "pd", m)
@@ -128,7 +132,7 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     overrides); ConfigError naming each bad field (``target.type``, ``pd.lr``, ...)."""
     import yaml
 
-    from pd_train._config_io import ConfigError, apply_overrides
+    from pd_train._config_io import ConfigError, apply_overrides, seed_problem
 
     source: str | None = None
     if value.startswith("builtin:"):
@@ -153,10 +157,8 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     for key in raw:
         if key not in _TOP_KEYS:
             problems.append((key, f"unknown field; a toy config has {', '.join(_TOP_KEYS)}"))
-    for key in ("seed",):
-        seed = raw[key]
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            problems.append((key, f"got {seed!r}; must be an int >= 0"))
+    if (problem := seed_problem(raw["seed"])) is not None:
+        problems.append(("seed", problem))
     for key in ("steps_per_call", "log_every"):
         if not _positive(raw[key]):
             problems.append((key, f"got {raw[key]!r}; must be an int >= 1"))

@@ -259,6 +259,29 @@ def _load_target(prepared: Any, trainer: Any) -> Any:
     return load_target(prepared, shardings=shardings, dtype=dtype)
 
 
+#: The table's columns: one value per component, then its top contexts (one list entry each).
+_COMPONENT_COLUMNS = (
+    "site",
+    "layer",
+    "kind",
+    "component",
+    "density",
+    "mean_ci",
+    "n_active",
+    "top_ci",
+)
+_CONTEXT_COLUMNS = (
+    "top_batch",
+    "top_row",
+    "top_pos",
+    "top_center",
+    "top_token_ids",
+    "top_tokens",
+    "top_token_ci",
+    "top_text",
+)
+
+
 def build_table(
     result: HarvestResult,
     decomposition: Any,
@@ -271,10 +294,38 @@ def build_table(
     batch(i) → token rows [B, T] of eval batch i (read again, one batch at a time, for the
     contexts).
     """
+    entries, rows_out, sites_meta = _alive_components(result, decomposition)
+    contexts = _contexts(entries, batch, result.window)
+    columns: dict[str, list[Any]] = {name: [] for name in (*_COMPONENT_COLUMNS, *_CONTEXT_COLUMNS)}
+    for row in rows_out:
+        for name in _COMPONENT_COLUMNS:
+            columns[name].append(row[name])
+        for name, value in _context_cells(row, entries, contexts, result.window, vocab).items():
+            columns[name].append(value)
+    metadata = {
+        "n_batches": result.n_batches,
+        "batch_shape": list(result.batch_shape),
+        "n_tokens": result.n_tokens,
+        "threshold": result.threshold,
+        "top_k": result.top_k,
+        "window": result.window,
+        "vocabulary": vocab.source if vocab else None,
+        "sites": sites_meta,
+        "n_components": sum(m["C"] for m in sites_meta.values()),
+        "n_alive": sum(m["alive"] for m in sites_meta.values()),
+        "harvest_seconds": result.seconds,
+    }
+    return ComponentTable(columns=columns, metadata=metadata)
+
+
+def _alive_components(
+    result: HarvestResult, decomposition: Any
+) -> tuple[list[tuple[int, int, int]], list[dict[str, Any]], dict[str, dict[str, int]]]:
+    """(every top-k entry above threshold of every alive component as (batch, row, pos), one
+    row per alive component (its values, its entries' range, their CI windows), per site its
+    C and number alive)."""
     n_tokens = result.n_tokens
-    threshold, window = result.threshold, result.window
-    # Every top-k entry above threshold of every alive component, then contexts per batch.
-    entries: list[tuple[int, int, int]] = []  # (batch, row, pos)
+    entries: list[tuple[int, int, int]] = []
     rows_out: list[dict[str, Any]] = []
     sites_meta: dict[str, dict[str, int]] = {}
     for site in decomposition.sites:
@@ -285,7 +336,7 @@ def build_table(
         sites_meta[site.name] = {"C": int(active.shape[0]), "alive": int(alive.size)}
         for c in alive:
             values = st["top_ci"][site.index, c]
-            keep = values > threshold
+            keep = values > result.threshold
             where = st["top_where"][site.index, c][keep]
             windows = st["top_window"][site.index, c][keep]
             first = len(entries)
@@ -304,76 +355,37 @@ def build_table(
                     "_windows": windows,
                 }
             )
-    contexts = _contexts(entries, batch, window)
-    columns: dict[str, list[Any]] = {
-        name: []
-        for name in [
-            "site",
-            "layer",
-            "kind",
-            "component",
-            "density",
-            "mean_ci",
-            "n_active",
-            "top_ci",
-            "top_batch",
-            "top_row",
-            "top_pos",
-            "top_center",
-            "top_token_ids",
-            "top_tokens",
-            "top_token_ci",
-            "top_text",
-        ]
+    return entries, rows_out, sites_meta
+
+
+def _context_cells(
+    row: dict[str, Any],
+    entries: Sequence[tuple[int, int, int]],
+    contexts: Sequence[tuple[int, int, list[int]]],
+    window: int,
+    vocab: Vocabulary | None,
+) -> dict[str, list[Any]]:
+    """One component's :data:`_CONTEXT_COLUMNS` cells: per top entry its place, its context's
+    tokens (the entry's token marked ⟦·⟧ in the text) and their CI."""
+    picked = [entries[e] for e in row["_entries"]]
+    cells: dict[str, list[Any]] = {
+        "top_batch": [b for b, _, _ in picked],
+        "top_row": [r for _, r, _ in picked],
+        "top_pos": [t for _, _, t in picked],
+        **{name: [] for name in _CONTEXT_COLUMNS[3:]},
     }
-    for row in rows_out:
-        for name in (
-            "site",
-            "layer",
-            "kind",
-            "component",
-            "density",
-            "mean_ci",
-            "n_active",
-            "top_ci",
-        ):
-            columns[name].append(row[name])
-        picked = [entries[e] for e in row["_entries"]]
-        columns["top_batch"].append([b for b, _, _ in picked])
-        columns["top_row"].append([r for _, r, _ in picked])
-        columns["top_pos"].append([t for _, _, t in picked])
-        centers, ids, toks, cis, texts = [], [], [], [], []
-        for e, win in zip(row["_entries"], row["_windows"], strict=True):
-            start, center, token_ids = contexts[e]
-            # win covers pos − window … pos + window; the context starts at max(0, pos − window).
-            offset = start - (entries[e][2] - window)
-            ci = [float(v) for v in win[offset : offset + len(token_ids)]]
-            pieces = [vocab.token(t) if vocab else f"#{t}" for t in token_ids]
-            marked = [f"⟦{p}⟧" if i == center else p for i, p in enumerate(pieces)]
-            centers.append(center)
-            ids.append(token_ids)
-            toks.append(pieces)
-            cis.append(ci)
-            texts.append(vocab.join(marked) if vocab else " ".join(marked))
-        columns["top_center"].append(centers)
-        columns["top_token_ids"].append(ids)
-        columns["top_tokens"].append(toks)
-        columns["top_token_ci"].append(cis)
-        columns["top_text"].append(texts)
-    metadata = {
-        "n_batches": result.n_batches,
-        "batch_shape": list(result.batch_shape),
-        "n_tokens": n_tokens,
-        "threshold": threshold,
-        "top_k": result.top_k,
-        "window": window,
-        "vocabulary": vocab.source if vocab else None,
-        "sites": sites_meta,
-        "n_components": sum(m["C"] for m in sites_meta.values()),
-        "n_alive": sum(m["alive"] for m in sites_meta.values()),
-        "harvest_seconds": result.seconds,
-    }
-    return ComponentTable(columns=columns, metadata=metadata)
+    for e, win in zip(row["_entries"], row["_windows"], strict=True):
+        start, center, token_ids = contexts[e]
+        # win covers pos − window … pos + window; the context starts at max(0, pos − window).
+        offset = start - (entries[e][2] - window)
+        pieces = [vocab.token(t) if vocab else f"#{t}" for t in token_ids]
+        marked = [f"⟦{p}⟧" if i == center else p for i, p in enumerate(pieces)]
+        cells["top_center"].append(center)
+        cells["top_token_ids"].append(token_ids)
+        cells["top_tokens"].append(pieces)
+        cells["top_token_ci"].append([float(v) for v in win[offset : offset + len(token_ids)]])
+        cells["top_text"].append(vocab.join(marked) if vocab else " ".join(marked))
+    return cells
 
 
 def _contexts(

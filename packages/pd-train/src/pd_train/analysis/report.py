@@ -252,52 +252,89 @@ def _groups_note(columns: dict[str, list[Any]], meta: dict[str, Any]) -> str:
 
 def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) -> str:
     """The page of ``run_dir`` as an HTML string (see the module docstring)."""
+    from pd_train.analysis.ground_truth import ground_truth_section
     from pd_train.outputs import read_metrics
     from pd_train.run import CONFIG_FILE, METRICS_FILE
 
     run_dir = Path(run_dir)
+    _check_run_dir(run_dir, CONFIG_FILE)
+    records = read_metrics(run_dir) if (run_dir / METRICS_FILE).exists() else []
+    analysis_file = Path(analysis) if analysis is not None else _latest_analysis(run_dir)
+    columns, meta = _read_analysis(analysis_file) if analysis_file is not None else (None, {})
+
+    parts = _summary_parts(run_dir, (run_dir / CONFIG_FILE).read_text())
+    parts += _curve_parts(records)
+    toy = ground_truth_section(run_dir)  # a toy run dir: its ground truth, not components
+    rows: list[list[Any]] = []
+    if toy is not None:
+        parts += toy
+    else:
+        parts.append("<h2>Components</h2>")
+        if columns is None:
+            parts.append(
+                f"<p>No component analysis in this run dir yet: run <code>pd-train analyze {_e(str(run_dir))}</code> "
+                "and then this command again.</p>"
+            )
+        else:
+            rows = _table_rows(columns)
+            parts += _components_parts(columns, meta, analysis_file)
+    data = json.dumps({"rows": rows}, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return _PAGE.format(
+        title=_e(f"pd report: {run_dir.name}"),
+        style=_STYLE,
+        body="\n".join(parts),
+        data=data,
+        script=_SCRIPT,
+    )
+
+
+def _check_run_dir(run_dir: Path, config_file: str) -> None:
+    """ReportError unless ``run_dir`` is a directory holding the run's config."""
     if not run_dir.is_dir():
         what = "is not a directory" if run_dir.exists() else "does not exist"
         msg = f"run dir {run_dir} {what}"
         raise ReportError(msg)
-    if not (run_dir / CONFIG_FILE).is_file():
-        msg = f"run dir {run_dir}: no {CONFIG_FILE}; not a run dir"
+    if not (run_dir / config_file).is_file():
+        msg = f"run dir {run_dir}: no {config_file}; not a run dir"
         raise ReportError(msg)
-    config_text = (run_dir / CONFIG_FILE).read_text()
-    records = read_metrics(run_dir) if (run_dir / METRICS_FILE).exists() else []
+
+
+def _read_analysis(analysis_file: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The component table's columns and metadata; ReportError naming the file when it is
+    missing, not Parquet or not from ``pd-train analyze``."""
+    from pd_train.analysis.components import read_table
+
+    if not analysis_file.is_file():
+        msg = f"--analysis {analysis_file} does not exist"
+        raise ReportError(msg)
+    try:
+        table, meta = read_table(analysis_file)
+    except Exception as exc:  # pyarrow raises several types for a file that isn't Parquet
+        msg = f"analysis file {analysis_file} cannot be read as Parquet: {exc}"
+        raise ReportError(msg) from None
+    missing = {"site", "kind", "density", "top_tokens", "top_token_ci"} - set(table.column_names)
+    if missing:
+        msg = f"analysis file {analysis_file} lacks columns {sorted(missing)}; not from `pd-train analyze`"
+        raise ReportError(msg)
+    return table.to_pydict(), meta
+
+
+def _summary_parts(run_dir: Path, config_text: str) -> list[str]:
+    """The heading, the run's summary.txt and its config (folded)."""
     summary = run_dir / "summary.txt"
-    analysis_file = Path(analysis) if analysis is not None else _latest_analysis(run_dir)
-    columns: dict[str, list[Any]] | None = None
-    meta: dict[str, Any] = {}
-    if analysis_file is not None:
-        from pd_train.analysis.components import read_table
-
-        if not analysis_file.is_file():
-            msg = f"--analysis {analysis_file} does not exist"
-            raise ReportError(msg)
-        try:
-            table, meta = read_table(analysis_file)
-        except Exception as exc:  # pyarrow raises several types for a file that isn't Parquet
-            msg = f"analysis file {analysis_file} cannot be read as Parquet: {exc}"
-            raise ReportError(msg) from None
-        missing = {"site", "kind", "density", "top_tokens", "top_token_ci"} - set(
-            table.column_names
-        )
-        if missing:
-            msg = f"analysis file {analysis_file} lacks columns {sorted(missing)}; not from `pd-train analyze`"
-            raise ReportError(msg)
-        columns = table.to_pydict()
-
-    name = run_dir.name
-    parts = [f"<h1>{_e(name)}</h1>", f'<p class="sub">{_e(str(run_dir.absolute()))}</p>']
+    parts = [f"<h1>{_e(run_dir.name)}</h1>", f'<p class="sub">{_e(str(run_dir.absolute()))}</p>']
     parts.append("<h2>Summary</h2>")
     if summary.is_file():
         parts.append(f"<pre>{_e(summary.read_text())}</pre>")
     else:
         parts.append("<p>No summary.txt yet (the run writes it when it ends).</p>")
     parts.append(f"<details><summary>config.yaml</summary><pre>{_e(config_text)}</pre></details>")
+    return parts
 
-    parts.append("<h2>Curves</h2>")
+
+def _curve_parts(records: list[dict[str, Any]]) -> list[str]:
+    """The loss curves and the CI-L0 heat map of the records."""
+    parts = ["<h2>Curves</h2>"]
     curves = _curves(records) if records else []
     if not curves:
         parts.append("<p>No metrics recorded yet.</p>")
@@ -312,58 +349,44 @@ def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) ->
         if heat
         else "<p>No L0 records yet.</p>"
     )
+    return parts
 
-    from pd_train.analysis.ground_truth import ground_truth_section
 
-    toy = ground_truth_section(run_dir)  # a toy run dir: its ground truth, not components
-    parts.extend(toy if toy is not None else ["<h2>Components</h2>"])
-    rows: list[list[Any]] = []
-    if toy is not None:
-        pass
-    elif columns is None:
-        parts.append(
-            f"<p>No component analysis in this run dir yet: run <code>pd-train analyze {_e(str(run_dir))}</code> "
-            "and then this command again.</p>"
-        )
-    else:
-        rows = _table_rows(columns)
-        shown = f"; the first {MAX_ROWS} shown" if len(columns["site"]) > MAX_ROWS else ""
-        parts.append(
-            f'<p class="sub">{_e(str(analysis_file))}: checkpoint step {meta.get("checkpoint_step")}, '
-            f"{meta.get('n_alive')}/{meta.get('n_components')} components alive on "
-            f"{meta.get('n_tokens')} tokens (ci_lower &gt; {meta.get('threshold')}), "
-            f"top {meta.get('top_k')} contexts each{shown}.</p>"
-        )
-        parts.append(_groups_note(columns, meta))
-        hist = _density_histograms(columns, meta)
-        if hist:
-            parts.append(f'<figure><img alt="activation density histograms" src="{hist}"></figure>')
-        sites = list(dict.fromkeys(columns["site"]))
-        options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sites)
-        kinds = list(dict.fromkeys(columns["kind"]))
-        kind_options = "".join(f'<option value="{_e(k)}">{_e(k)}</option>' for k in kinds)
-        parts.append(
-            '<div class="controls">'
-            f'<label>site <select id="site-filter"><option value="">all sites</option>{options}</select></label> '
-            f'<label>kind <select id="kind-filter"><option value="">all kinds</option>{kind_options}</select></label> '
-            '<label>context contains <input id="text-filter" type="search" placeholder="token"></label> '
-            '<span id="count"></span></div>'
-            '<table id="components"><thead><tr>'
-            '<th data-col="0">site</th><th data-col="3">component</th>'
-            '<th data-col="4" class="num">density</th><th data-col="5" class="num">mean CI</th>'
-            '<th data-col="6" class="num">active tokens</th>'
-            '<th data-col="9" class="num">selectivity</th><th>top context</th>'
-            "</tr></thead><tbody></tbody></table>"
-            '<p><button id="more" type="button">show more</button></p>'
-        )
-    data = json.dumps({"rows": rows}, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    return _PAGE.format(
-        title=_e(f"pd report: {name}"),
-        style=_STYLE,
-        body="\n".join(parts),
-        data=data,
-        script=_SCRIPT,
+def _components_parts(
+    columns: dict[str, list[Any]], meta: dict[str, Any], analysis_file: Path | None
+) -> list[str]:
+    """What the component table says about itself, the density histograms, and the table's
+    filters and header (its rows are the page's data, filled in by the script)."""
+    shown = f"; the first {MAX_ROWS} shown" if len(columns["site"]) > MAX_ROWS else ""
+    parts = [
+        f'<p class="sub">{_e(str(analysis_file))}: checkpoint step {meta.get("checkpoint_step")}, '
+        f"{meta.get('n_alive')}/{meta.get('n_components')} components alive on "
+        f"{meta.get('n_tokens')} tokens (ci_lower &gt; {meta.get('threshold')}), "
+        f"top {meta.get('top_k')} contexts each{shown}.</p>",
+        _groups_note(columns, meta),
+    ]
+    hist = _density_histograms(columns, meta)
+    if hist:
+        parts.append(f'<figure><img alt="activation density histograms" src="{hist}"></figure>')
+    sites = list(dict.fromkeys(columns["site"]))
+    options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sites)
+    kinds = list(dict.fromkeys(columns["kind"]))
+    kind_options = "".join(f'<option value="{_e(k)}">{_e(k)}</option>' for k in kinds)
+    parts.append(
+        '<div class="controls">'
+        f'<label>site <select id="site-filter"><option value="">all sites</option>{options}</select></label> '
+        f'<label>kind <select id="kind-filter"><option value="">all kinds</option>{kind_options}</select></label> '
+        '<label>context contains <input id="text-filter" type="search" placeholder="token"></label> '
+        '<span id="count"></span></div>'
+        '<table id="components"><thead><tr>'
+        '<th data-col="0">site</th><th data-col="3">component</th>'
+        '<th data-col="4" class="num">density</th><th data-col="5" class="num">mean CI</th>'
+        '<th data-col="6" class="num">active tokens</th>'
+        '<th data-col="9" class="num">selectivity</th><th>top context</th>'
+        "</tr></thead><tbody></tbody></table>"
+        '<p><button id="more" type="button">show more</button></p>'
     )
+    return parts
 
 
 def write_report(

@@ -317,6 +317,13 @@ def _copy_offline(artifact: Any, dest: Path) -> None:
     """Copy each manifest entry's staged file to ``dest/<path>``, checked against its size and
     MD5 (the manifest's base64 digest)."""
     for entry in artifact.manifest.contents:
+        rel = Path(entry.path)
+        if not entry.path or rel.is_absolute() or ".." in rel.parts:
+            msg = (
+                f"{entry.path!r}: the artifact's manifest names a file outside the run dir; "
+                "not a pd artifact (nothing copied)"
+            )
+            raise PullError(msg)
         staged = Path(entry.local_path)
         if not entry.local_path or not staged.is_file():
             msg = (
@@ -386,7 +393,19 @@ def _wandb() -> Any:
     return wandb
 
 
+#: WANDB_MODE values under which wandb.Api() cannot reach a server.
+_NO_SERVER_MODES = ("offline", "disabled", "dryrun")
+
+
 def _pull_online(ref: WandbRef, out: Path | None) -> Path:
+    mode = os.environ.get("WANDB_MODE", "")
+    if mode in _NO_SERVER_MODES:
+        msg = (
+            f"wandb:{ref.path}: WANDB_MODE={mode} reaches no W&B server; pull the run's offline "
+            "directory instead (RUN_DIR/tracking/wandb/offline-run-<time>-<id>), or unset "
+            "WANDB_MODE"
+        )
+        raise PullError(msg)
     wandb = _wandb()
     try:
         run = wandb.Api().run(ref.path)

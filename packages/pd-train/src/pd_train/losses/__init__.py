@@ -29,6 +29,7 @@ from pd_train.losses._term import (
     LOSS_TERMS,
     LossTerm,
     TermInputs,
+    check_one_adversary,
     loss_term,
     register_loss_term,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "all_sites_plan",
     "all_sites_subset_plan",
     "annealed_pnorm",
+    "check_one_adversary",
     "chunkwise_plan",
     "faithfulness",
     "hidden_acts_recon",

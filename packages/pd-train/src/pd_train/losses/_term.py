@@ -177,6 +177,31 @@ def attrs_default_type(cls: type) -> str:
     return str(attrs.fields_dict(cls)["type"].default)
 
 
+def check_one_adversary(pd: Any, decomposition: Any, *, seq_len: int) -> None:
+    """The Trainer's rule at config time: at most one ``pd.loss_metrics`` entry keeps persistent
+    state in ``TrainState.adversary`` (:meth:`LossTerm.adversary`, asked without a layout).
+    ConfigError at ``pd.loss_metrics`` naming the entries."""
+    from pd_train._config_io import ConfigError
+
+    found = []
+    for i, config in enumerate(pd.loss_metrics):
+        where = f"pd.loss_metrics[{i}]"
+        kept = loss_term(config).adversary(
+            config,
+            decomposition,
+            batch_size=pd.batch_size,
+            seq_len=seq_len,
+            total_steps=pd.steps,
+            layout=None,
+            where=where,
+        )
+        if kept is not None:
+            found.append(where)
+    if len(found) > 1:
+        msg = f"terms {', '.join(found)} each keep persistent sources; at most one may"
+        raise ConfigError([("pd.loss_metrics", msg)])
+
+
 def loss_term(config: LossMetric) -> LossTerm:
     """The registered term of a ``pd.loss_metrics`` entry."""
     term = LOSS_TERMS.get(config.type)

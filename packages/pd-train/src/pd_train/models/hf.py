@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import jax
@@ -310,73 +310,18 @@ def qwen3_config_from_hf(d: Mapping[str, Any], *, source: str | Path | None = No
 def _llama_like_from_hf(
     d: Mapping[str, Any], family: _Family, source: str | Path | None
 ) -> LlamaConfig:
+    """The :class:`LlamaConfig` of one Llama-like ``family``'s config.json ``d`` (see
+    :func:`llama_config_from_hf`): the family's fixed fields, the RoPE settings, the sizes."""
     file = str(source) if source is not None else getattr(d, "path", None)
     top = _Reader(d, file)
-
-    def unsupported(reader: _Reader, key: str, value: Any, allowed: str) -> HFConfigError:
-        return reader.error(key, f"got {_shown(value)}; pd supports {allowed}")
-
-    archs = d.get("architectures")
-    if archs is not None and (
-        not isinstance(archs, list | tuple) or list(archs) != [family.architecture]
-    ):
-        raise unsupported(top, "architectures", archs, repr([family.architecture]))
-    for key, only in (("model_type", family.model_type), ("hidden_act", "silu")):
-        value = d.get(key, only)
-        if not isinstance(value, str) or value != only:
-            raise unsupported(top, key, value, repr(only))
-    for key in family.bias_flags:
-        if top.boolean(key, False):
-            extra = " beside its q/k/v biases" if family.qkv_bias else ""
-            raise unsupported(top, key, True, f"false ({family.name} has no biases{extra})")
-    if family.sliding_window:
-        _refuse_sliding_window(top)
-    missing = [k for k in _REQUIRED if d.get(k) is None]
-    if missing:
-        raise top.error(", ".join(missing), "required field(s) missing")
-
-    # transformers: rope_scaling (legacy name) wins over rope_parameters when both are there.
-    for key in ("rope_scaling", "rope_parameters"):
-        value = d.get(key)
-        if value is not None and not isinstance(value, Mapping):
-            raise unsupported(top, key, value, "an object or null")
-    rope_field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
-    if d.get("rope_scaling") and d.get("rope_parameters"):
-        # Both spellings of the RoPE settings (written by some transformers versions): they
-        # must agree wherever both give a value; pd does not pick one of two different models.
-        legacy, modern = dict(d["rope_scaling"]), dict(d["rope_parameters"])
-        for spelled in (legacy, modern):
-            if "type" in spelled and "rope_type" not in spelled:
-                spelled["rope_type"] = spelled.pop("type")
-        for key in sorted(set(legacy) & set(modern), key=str):
-            a, b = legacy[key], modern[key]
-            if a != b or isinstance(a, bool) != isinstance(b, bool):
-                msg = (
-                    f"got {_shown(modern[key])} but rope_scaling.{key} is "
-                    f"{_shown(legacy[key])}; the two must agree"
-                )
-                raise top.error(f"rope_parameters.{key}", msg)
-    rope_dict = d.get(rope_field) or {}
+    _check_family_fields(d, top, family)
+    rope_field, rope_dict = _rope_dict(d, top)
     rope = _Reader(rope_dict, file, prefix=f"{rope_field}.")
-    for key, value in rope_dict.items():
-        if isinstance(value, Mapping):
-            raise unsupported(
-                rope, key, value, "one RoPE setting for all layers (not per layer type)"
-            )
     type_key = "rope_type" if "rope_type" in rope_dict or "type" not in rope_dict else "type"
     rope_type = rope_dict.get(type_key, "default")
     if not isinstance(rope_type, str) or rope_type not in family.rope_types:
-        raise unsupported(rope, type_key, rope_type, " or ".join(map(repr, family.rope_types)))
-    partial_from = rope if rope.has("partial_rotary_factor") else top
-    if partial_from.d.get("partial_rotary_factor") is not None:
-        partial = partial_from.number("partial_rotary_factor")
-        if partial != 1.0:
-            raise unsupported(
-                partial_from,
-                "partial_rotary_factor",
-                partial,
-                "1.0 (rotary embedding over the whole head)",
-            )
+        raise _unsupported(rope, type_key, rope_type, " or ".join(map(repr, family.rope_types)))
+    _check_partial_rotary(top, rope)
     theta_from = rope if rope.has("rope_theta") else top
     rope_theta = theta_from.number("rope_theta", family.defaults["rope_theta"])
     for overridden in ("rope_theta", "partial_rotary_factor"):
@@ -384,24 +329,7 @@ def _llama_like_from_hf(
         if rope.has(overridden) and top.d.get(overridden) is not None:
             top.number(overridden)
     max_pos = top.integer("max_position_embeddings", family.defaults["max_position_embeddings"])
-
-    scaling = None
-    if rope_type == "llama3":
-        absent = [k for k in _LLAMA3_KEYS if rope_dict.get(k) is None]
-        if absent:
-            raise rope.error(type_key, f"is 'llama3' but {absent} missing")
-        # As in transformers: a top-level original_max_position_embeddings wins, then the one
-        # inside the rope dict, then max_position_embeddings.
-        original_from = top if top.has("original_max_position_embeddings") else rope
-        original = original_from.integer("original_max_position_embeddings", max_pos)
-        if original_from is top and rope.has("original_max_position_embeddings"):
-            rope.integer("original_max_position_embeddings")  # unused, but still well-typed
-        factors = {k: rope.number(k) for k in _LLAMA3_KEYS}
-        try:
-            scaling = RopeScaling(**factors, original_max_position_embeddings=original)
-        except FieldValueError as e:
-            reader = original_from if e.field == "original_max_position_embeddings" else rope
-            raise reader.error(e.field, e.message) from None
+    scaling = _llama3_scaling(top, rope, type_key, max_pos) if rope_type == "llama3" else None
 
     sizes = {k: top.integer(k) for k in _REQUIRED}
     heads = sizes["num_attention_heads"]
@@ -429,6 +357,101 @@ def _llama_like_from_hf(
         )
     except FieldValueError as e:
         reader = theta_from if e.field == "rope_theta" else top
+        raise reader.error(e.field, e.message) from None
+
+
+def _unsupported(reader: _Reader, key: str, value: Any, allowed: str) -> HFConfigError:
+    return reader.error(key, f"got {_shown(value)}; pd supports {allowed}")
+
+
+def _check_family_fields(d: Mapping[str, Any], top: _Reader, family: _Family) -> None:
+    """What the family fixes: its architecture and model type, SiLU, no biases beyond its own,
+    full attention; and the required sizes present."""
+    archs = d.get("architectures")
+    if archs is not None and (
+        not isinstance(archs, list | tuple) or list(archs) != [family.architecture]
+    ):
+        raise _unsupported(top, "architectures", archs, repr([family.architecture]))
+    for key, only in (("model_type", family.model_type), ("hidden_act", "silu")):
+        value = d.get(key, only)
+        if not isinstance(value, str) or value != only:
+            raise _unsupported(top, key, value, repr(only))
+    for key in family.bias_flags:
+        if top.boolean(key, False):
+            extra = " beside its q/k/v biases" if family.qkv_bias else ""
+            raise _unsupported(top, key, True, f"false ({family.name} has no biases{extra})")
+    if family.sliding_window:
+        _refuse_sliding_window(top)
+    missing = [k for k in _REQUIRED if d.get(k) is None]
+    if missing:
+        raise top.error(", ".join(missing), "required field(s) missing")
+
+
+def _rope_dict(d: Mapping[str, Any], top: _Reader) -> tuple[str, Mapping[str, Any]]:
+    """``(field, settings)``: the RoPE settings' dict and the field it came from.
+    transformers: ``rope_scaling`` (the legacy name) wins over ``rope_parameters``; when both
+    are given they must agree wherever both give a value (pd does not pick one of two models).
+    One setting for all layers (not per layer type)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = d.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise _unsupported(top, key, value, "an object or null")
+    rope_field = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+    if d.get("rope_scaling") and d.get("rope_parameters"):
+        legacy, modern = dict(d["rope_scaling"]), dict(d["rope_parameters"])
+        for spelled in (legacy, modern):
+            if "type" in spelled and "rope_type" not in spelled:
+                spelled["rope_type"] = spelled.pop("type")
+        for key in sorted(set(legacy) & set(modern), key=str):
+            a, b = legacy[key], modern[key]
+            if a != b or isinstance(a, bool) != isinstance(b, bool):
+                msg = (
+                    f"got {_shown(modern[key])} but rope_scaling.{key} is "
+                    f"{_shown(legacy[key])}; the two must agree"
+                )
+                raise top.error(f"rope_parameters.{key}", msg)
+    rope_dict = d.get(rope_field) or {}
+    for key, value in rope_dict.items():
+        if isinstance(value, Mapping):
+            raise _unsupported(
+                _Reader(rope_dict, top.file, prefix=f"{rope_field}."),
+                key,
+                value,
+                "one RoPE setting for all layers (not per layer type)",
+            )
+    return rope_field, rope_dict
+
+
+def _check_partial_rotary(top: _Reader, rope: _Reader) -> None:
+    """``partial_rotary_factor`` (in the rope dict, else top-level): 1.0 or absent only."""
+    partial_from = rope if rope.has("partial_rotary_factor") else top
+    if partial_from.d.get("partial_rotary_factor") is not None:
+        partial = partial_from.number("partial_rotary_factor")
+        if partial != 1.0:
+            raise _unsupported(
+                partial_from,
+                "partial_rotary_factor",
+                partial,
+                "1.0 (rotary embedding over the whole head)",
+            )
+
+
+def _llama3_scaling(top: _Reader, rope: _Reader, type_key: str, max_pos: int) -> RopeScaling:
+    """Llama 3's RoPE scaling from the rope dict. As in transformers, a top-level
+    ``original_max_position_embeddings`` wins, then the one inside the rope dict, then
+    ``max_position_embeddings``."""
+    absent = [k for k in _LLAMA3_KEYS if rope.d.get(k) is None]
+    if absent:
+        raise rope.error(type_key, f"is 'llama3' but {absent} missing")
+    original_from = top if top.has("original_max_position_embeddings") else rope
+    original = original_from.integer("original_max_position_embeddings", max_pos)
+    if original_from is top and rope.has("original_max_position_embeddings"):
+        rope.integer("original_max_position_embeddings")  # unused, but still well-typed
+    factors = {k: rope.number(k) for k in _LLAMA3_KEYS}
+    try:
+        return RopeScaling(**factors, original_max_position_embeddings=original)
+    except FieldValueError as e:
+        reader = original_from if e.field == "original_max_position_embeddings" else rope
         raise reader.error(e.field, e.message) from None
 
 
@@ -715,14 +738,43 @@ def _resolve_shardings(shardings: Any, layout: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def load_llama_checkpoint(
-    path: str | Path,
-    *,
-    shardings: Any = None,
-    dtype: Any = None,
-    layers: int | None = None,
-    strict: bool = True,
-) -> tuple[LlamaConfig, dict[str, Any]]:
+class CheckpointLoader(Protocol):
+    """The signature of :func:`load_llama_checkpoint` and its Qwen siblings."""
+
+    def __call__(
+        self,
+        path: str | Path,
+        *,
+        shardings: Any = None,
+        dtype: Any = None,
+        layers: int | None = None,
+        strict: bool = True,
+    ) -> tuple[LlamaConfig, dict[str, Any]]: ...
+
+
+def _family_loader(family: _Family, name: str, doc: str) -> CheckpointLoader:
+    """The public checkpoint loader of one Llama-like ``family`` (they differ only in it)."""
+
+    def load(
+        path: str | Path,
+        *,
+        shardings: Any = None,
+        dtype: Any = None,
+        layers: int | None = None,
+        strict: bool = True,
+    ) -> tuple[LlamaConfig, dict[str, Any]]:
+        return _load_llama_like(
+            path, family, shardings=shardings, dtype=dtype, layers=layers, strict=strict
+        )
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = doc
+    return load
+
+
+load_llama_checkpoint = _family_loader(
+    _LLAMA,
+    "load_llama_checkpoint",
     """Load a Hugging Face Llama checkpoint directory straight into sharded jax arrays.
 
     Args:
@@ -750,44 +802,24 @@ def load_llama_checkpoint(
     Returns:
       ``(config, params)``. Every tensor's presence, shape and dtype is checked against
       config.json before anything is read.
-    """
-    return _load_llama_like(
-        path, _LLAMA, shardings=shardings, dtype=dtype, layers=layers, strict=strict
-    )
-
-
-def load_qwen2_checkpoint(
-    path: str | Path,
-    *,
-    shardings: Any = None,
-    dtype: Any = None,
-    layers: int | None = None,
-    strict: bool = True,
-) -> tuple[LlamaConfig, dict[str, Any]]:
+    """,
+)
+load_qwen2_checkpoint = _family_loader(
+    _QWEN2,
+    "load_qwen2_checkpoint",
     """:func:`load_llama_checkpoint` for a Qwen2 / Qwen2.5 checkpoint (``Qwen2ForCausalLM``):
     config.json read by :func:`qwen2_config_from_hf`; beside Llama's tensors the
     ``self_attn.{q,k,v}_proj.bias`` of every layer are required (params ``q_bias``, ``k_bias``,
-    ``v_bias`` [L, width]) and an ``o_proj.bias`` is refused as unaccounted for."""
-    return _load_llama_like(
-        path, _QWEN2, shardings=shardings, dtype=dtype, layers=layers, strict=strict
-    )
-
-
-def load_qwen3_checkpoint(
-    path: str | Path,
-    *,
-    shardings: Any = None,
-    dtype: Any = None,
-    layers: int | None = None,
-    strict: bool = True,
-) -> tuple[LlamaConfig, dict[str, Any]]:
+    ``v_bias`` [L, width]) and an ``o_proj.bias`` is refused as unaccounted for.""",
+)
+load_qwen3_checkpoint = _family_loader(
+    _QWEN3,
+    "load_qwen3_checkpoint",
     """:func:`load_llama_checkpoint` for a Qwen3 checkpoint (``Qwen3ForCausalLM``): config.json
     read by :func:`qwen3_config_from_hf`; beside Llama's tensors the
     ``self_attn.{q,k}_norm.weight`` of every layer are required (params ``q_norm``,
-    ``k_norm`` [L, head_dim])."""
-    return _load_llama_like(
-        path, _QWEN3, shardings=shardings, dtype=dtype, layers=layers, strict=strict
-    )
+    ``k_norm`` [L, head_dim]).""",
+)
 
 
 _LLAMA_FORMAT_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -123,10 +123,7 @@ def _execute(
     plots: PlotWorkersHook,
     terminal: Any,
 ) -> RunResult:
-    from pd_probe import Recorder
-    from pd_train.outputs import labelled
-
-    config, trainer, primary = rt.prepared.config, rt.trainer, rt.placement.is_primary
+    config, primary = rt.prepared.config, rt.placement.is_primary
     started = time.time()
     if primary:
         start_run_dir(run_dir, config, resuming=resume is not None)
@@ -136,70 +133,37 @@ def _execute(
         if early is not None  # configured by start_runtime
         else configure_cache(config, disable=rt.hlo_dump_dir is not None)
     )
-    from pd_train.program_records import ProgramRecords, explaining  # why a jit missed
-
-    programs = ProgramRecords.for_config(cache_dir, config, rt.prepared.model) if primary else None
-    recorder = Recorder(
-        run_dir / COMPILE_FILE if primary else None,
-        mode="run",
-        on_compile=labelled(
-            explaining(compile_announcer(terminal), programs, stream=terminal.writer())
-        )
-        if primary
-        else None,
-    )
+    recorder = _run_recorder(rt, run_dir, cache_dir, terminal)
     with _recorded(recorder):
         recorder.note(cache_dir=str(cache_dir) if cache_dir else None)
         step_program = _step_program(rt, early, recorder, cache_dir)
         # What the rest of the run needs is imported while the step loads in its thread.
         import jax.numpy as jnp
 
-        from pd_train.outputs import MetricsLog, Progress
+        from pd_train.outputs import MetricsLog
 
         target = _load_target(rt, recorder)
         metrics_log = MetricsLog(run_dir, is_primary=primary)
         state, run_key, start = _initial_state(
             rt, checkpoints, resume, metrics_log, recorder, target, step_program
         )
-        saver = Saver(
-            checkpoints,
-            trainer=trainer,
-            run_key=run_key,
-            config_yaml=to_yaml(config),
-            last_saved=start if resume is not None else None,
-            on_saved=stop.saved,
-            agree=lambda flag: agreed(flag, rt.placement),
-        )
-        tracker = _tracker(config, run_dir) if primary else None
         end = config.pd.steps if max_steps is None else min(config.pd.steps, max_steps)
-        progress = Progress(
-            end,
-            start_step=start,
-            is_primary=primary,
-            log_every=config.cadence.train_log_every,
-            terminal=terminal if primary else None,
+        hooks, tracker, stop_hook = _run_hooks(
+            rt,
+            run_dir,
+            checkpoints,
+            stop=stop,
+            plots=plots,
+            terminal=terminal,
+            metrics_log=metrics_log,
+            target=target,
+            run_key=run_key,
+            recorder=recorder,
+            step_program=step_program,
+            last_saved=start if resume is not None else None,
+            start=start,
+            end=end,
         )
-        eval_hook = _eval_hook(rt, target, run_key, recorder, step_program, metrics_log)
-        if eval_hook is not None and primary:
-            eval_hook.terminal = terminal
-        trace = _trace_window(config, run_dir) if primary else None
-        plots.eval_hook = eval_hook
-        stop_hook = StopHook(stop, rt.placement)
-        hooks: list[Hook] = [
-            *([TraceHook(trace)] if trace is not None else []),
-            LogHook(
-                trainer=trainer,
-                metrics_log=metrics_log,
-                progress=progress,
-                every=config.cadence.train_log_every,
-                seq_len=config.data.seq_len,
-            ),
-            *([plots] if primary else []),
-            *([eval_hook] if eval_hook is not None else []),
-            *([TrackerHook(tracker)] if tracker is not None else []),
-            SaveHook(saver, every=config.cadence.save_every),
-            stop_hook,
-        ]
         step_fn = _step_fn(rt, step_program, recorder, target, run_key, start)
         final = run_loop(step_fn, hooks, state=state, start=start, end=end)
         jnp.zeros(()).block_until_ready()
@@ -225,6 +189,83 @@ def _execute(
         summary=summary,
         stop_signal=stop.stop_signal if stop_hook.stopped else None,
     )
+
+
+def _run_recorder(rt: Runtime, run_dir: Path, cache_dir: Any, terminal: Any) -> Any:
+    """The run's compile recorder: process 0 writes ``compile.json`` and announces each
+    compile on the terminal, with why a jit missed the cache (:mod:`pd_train.program_records`)."""
+    from pd_probe import Recorder
+    from pd_train.outputs import labelled
+    from pd_train.program_records import ProgramRecords, explaining
+
+    if not rt.placement.is_primary:
+        return Recorder(None, mode="run", on_compile=None)
+    programs = ProgramRecords.for_config(cache_dir, rt.prepared.config, rt.prepared.model)
+    announce = explaining(compile_announcer(terminal), programs, stream=terminal.writer())
+    return Recorder(run_dir / COMPILE_FILE, mode="run", on_compile=labelled(announce))
+
+
+def _run_hooks(
+    rt: Runtime,
+    run_dir: Path,
+    checkpoints: Any,
+    *,
+    stop: StopSignals,
+    plots: PlotWorkersHook,
+    terminal: Any,
+    metrics_log: Any,
+    target: Any,
+    run_key: Any,
+    recorder: Any,
+    step_program: Any,
+    last_saved: int | None,
+    start: int,
+    end: int,
+) -> tuple[list[Hook], Any, StopHook]:
+    """The loop's hooks in their order (profiler trace, log + progress, plots, eval, tracker,
+    save, stop signals), the tracker (process 0, or None) and the stop hook."""
+    from pd_train.outputs import Progress
+
+    config, trainer, primary = rt.prepared.config, rt.trainer, rt.placement.is_primary
+    saver = Saver(
+        checkpoints,
+        trainer=trainer,
+        run_key=run_key,
+        config_yaml=to_yaml(config),
+        last_saved=last_saved,
+        on_saved=stop.saved,
+        agree=lambda flag: agreed(flag, rt.placement),
+    )
+    tracker = _tracker(config, run_dir) if primary else None
+    progress = Progress(
+        end,
+        start_step=start,
+        is_primary=primary,
+        log_every=config.cadence.train_log_every,
+        terminal=terminal if primary else None,
+    )
+    eval_hook = _eval_hook(rt, target, run_key, recorder, step_program, metrics_log)
+    if eval_hook is not None and primary:
+        eval_hook.terminal = terminal
+    trace = _trace_window(config, run_dir) if primary else None
+    plots.eval_hook = eval_hook
+    stop_hook = StopHook(stop, rt.placement)
+    hooks: list[Hook] = [
+        *([TraceHook(trace)] if trace is not None else []),
+        LogHook(
+            trainer=trainer,
+            metrics_log=metrics_log,
+            progress=progress,
+            every=config.cadence.train_log_every,
+            seq_len=config.data.seq_len,
+        ),
+        *([plots] if primary else []),
+        *([eval_hook] if eval_hook is not None else []),
+        *([TrackerHook(tracker)] if tracker is not None else []),
+        SaveHook(saver, every=config.cadence.save_every),
+        stop_hook,
+    ]
+    return hooks, tracker, stop_hook
 
 
 @contextlib.contextmanager

@@ -79,6 +79,7 @@ def prepare(
         if decomposition is not None:
             # CI checks that need the decomposition (transformer chunks) before any compile.
             attempt(lambda: _check_ci_function(config, decomposition))
+            attempt(lambda: _check_terms(config, decomposition))
             attempt(lambda: resolve_l0_groups(config.pd.l0_groups, decomposition.sites))
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(config.target, model, checkpoint))
@@ -114,7 +115,8 @@ def prepare(
                 )
             except DataError as exc:
                 problems.append((where, str(exc).removeprefix("data: ")))
-    if problems:
+    if problems:  # one line per problem (a path resolved twice reports once)
+        problems = list(dict.fromkeys(problems))
         raise ConfigError(problems, source=None if isinstance(source, dict) else str(source))
     return Prepared(
         config=config,
@@ -134,6 +136,13 @@ def directory_problem(path: Path, *, base: Path) -> str | None:
     from pd_train._output_paths import directory_problem as problem
 
     return problem(path, base=base)
+
+
+def _check_terms(config: Config, decomposition: Any) -> None:
+    """The loss terms' checks that need the decomposition (one persistent adversary)."""
+    from pd_train.losses import check_one_adversary
+
+    check_one_adversary(config.pd, decomposition, seq_len=config.data.seq_len)
 
 
 def _check_ci_function(config: Config, decomposition: Any) -> None:

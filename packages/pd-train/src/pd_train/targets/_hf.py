@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
+import jax
+import jax.numpy as jnp
 
 from pd_train._config_io import ConfigError, FieldValueError, one_of
 from pd_train.targets.registry import TargetConfig
 
-__all__ = ["HFTargetConfig", "hf_architecture", "hf_shardings"]
+__all__ = ["HFDecoderTarget", "HFTargetConfig", "hf_architecture", "hf_shardings"]
 
 
 @attrs.frozen(kw_only=True)
@@ -37,6 +39,58 @@ class HFTargetConfig(TargetConfig):
     strict: bool = True
 
 
+@attrs.frozen(kw_only=True)
+class HFDecoderTarget:
+    """What the Hugging Face decoders (Llama and the Qwens, GPT-2) share behind the
+    :class:`~pd_train.targets.Target` interface: their kinds, params and LM head come from one
+    model module (``module``: :mod:`pd_train.models.llama`, :mod:`pd_train.models.gpt2`), the
+    output is logits [B, T, vocab] compared by KL, and the sites outside the layer stack are
+    ``embed_tokens`` (a lookup into its rows, [vocab, d]) and ``lm_head`` ([d, vocab]; with tied
+    embeddings the table transposed). A subclass sets ``module`` and its ``start``/``layer``."""
+
+    config: Any
+    module: ClassVar[Any]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.module.KINDS  # type: ignore[no-any-return]
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def output_loss(self) -> Literal["kl", "mse"]:
+        return "kl"
+
+    def site_shapes(self) -> dict[str, tuple[int, int]]:
+        return self.config.site_shapes()  # type: ignore[no-any-return]
+
+    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
+        d, v = self.config.hidden_size, self.config.vocab_size
+        return {"embed_tokens": (v, d), "lm_head": (d, v)}
+
+    def global_weights(self, params: Any) -> dict[str, jax.Array]:
+        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
+        table = params["embed_tokens"]
+        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
+        return {"embed_tokens": table, "lm_head": head}
+
+    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
+        return self.module.init_params(self.config, key=key, dtype=dtype)
+
+    def embed(self, params: Any, inputs: jax.Array, dtype: Any, lookup: Any = None) -> jax.Array:
+        """The residual stream [B, T, d] of tokens [B, T] (``lookup``: the embedding site's)."""
+        if lookup is None:
+            return self.module.embed(params, inputs, dtype)  # type: ignore[no-any-return]
+        return self.module.embed(params, inputs, dtype, lookup)  # type: ignore[no-any-return]
+
+    def finish(self, params: Any, h: jax.Array, linear: Any = None) -> jax.Array:
+        if linear is None:
+            return self.module.unembed(params, h, self.config)  # type: ignore[no-any-return]
+        return self.module.unembed(params, h, self.config, linear)  # type: ignore[no-any-return]
+
+
 def hf_architecture(
     config: HFTargetConfig,
     *,
@@ -59,12 +113,15 @@ def hf_architecture(
             raise ConfigError([("target.architecture", msg)])
         return presets[arch]()
     if isinstance(arch, Mapping):
+        read = _KeysRead(arch)
         try:
-            return from_hf(arch)
+            model = from_hf(read)
         except ValueError as exc:
             # The mapping came from this config, not from a checkpoint's config.json.
             msg = str(exc).removeprefix("checkpoint config: ")
             raise ConfigError([("target.architecture", msg)]) from None
+        _refuse_unread(arch, read.keys_read)
+        return model
     if config.checkpoint is None:
         msg = "is null and so is target.checkpoint; give an architecture or a checkpoint"
         raise ConfigError([("target.architecture", msg)])
@@ -86,6 +143,75 @@ def hf_architecture(
         return from_hf(read_hf_config(path))
     except ValueError as exc:
         raise ConfigError([("target.checkpoint", str(exc))]) from None
+
+
+#: ``config.json`` fields that say nothing about pd's forward (token ids, init, dropout,
+#: caching, GPT-2's classification head, provenance; Qwen's window size, unused while
+#: ``use_sliding_window`` is false, which pd requires): accepted in ``target.architecture``
+#: and ignored.
+IGNORED_HF_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "attention_dropout",
+        "attn_pdrop",
+        "bos_token_id",
+        "dtype",
+        "embd_pdrop",
+        "eos_token_id",
+        "initializer_range",
+        "max_window_layers",
+        "n_ctx",
+        "pad_token_id",
+        "pretraining_tp",
+        "resid_pdrop",
+        "sliding_window",
+        "summary_activation",
+        "summary_first_dropout",
+        "summary_proj_to_labels",
+        "summary_type",
+        "summary_use_proj",
+        "task_specific_params",
+        "torch_dtype",
+        "transformers_version",
+        "use_cache",
+    }
+)
+
+
+class _KeysRead(dict):  # type: ignore[type-arg]
+    """A copy of a mapping that records every key looked up in it."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        super().__init__(data)
+        self.keys_read: set[Any] = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.keys_read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.keys_read.add(key)
+        return super().__contains__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.keys_read.add(key)
+        return super().get(key, default)
+
+
+def _refuse_unread(arch: Mapping[str, Any], keys_read: set[Any]) -> None:
+    """A field of the config's ``target.architecture`` mapping that the family's reader never
+    looked at is a typo or a setting pd does not have (``rope_thetha``, ``n_heads``): refused,
+    not left to a default (a checkpoint's own config.json may carry anything, as for
+    transformers)."""
+    unread = [k for k in arch if k not in keys_read and k not in IGNORED_HF_FIELDS]
+    if unread:
+        known = ", ".join(sorted(str(k) for k in keys_read if isinstance(k, str)))
+        raise ConfigError(
+            [
+                (f"target.architecture.{k}", f"unknown field; this family reads {known}")
+                for k in unread
+            ]
+        )
 
 
 def hf_shardings(layout: Any, params: Mapping[str, Any], *, hidden_size: int) -> Any:

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 import jax
-import jax.numpy as jnp
 
 from pd_train.models import gpt2, hf
 from pd_train.models.gpt2 import GPT2Config
-from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
+from pd_train.targets._hf import (
+    HFDecoderTarget,
+    HFTargetConfig,
+    hf_architecture,
+    hf_shardings,
+)
 from pd_train.targets.base import Linear, Lookup
 from pd_train.targets.registry import TargetKind, register_target
 
@@ -28,47 +32,17 @@ __all__ = ["GPT2", "GPT2_PRESETS", "GPT2Target", "GPT2TargetConfig", "gpt2_censu
 
 
 @attrs.frozen(kw_only=True)
-class GPT2Target:
-    """A GPT-2 decoder (see the module docstring for its sites)."""
+class GPT2Target(HFDecoderTarget):
+    """A GPT-2 decoder (see the module docstring for its sites; what every Hugging Face
+    decoder shares: :class:`~pd_train.targets._hf.HFDecoderTarget`)."""
 
     config: GPT2Config
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return gpt2.KINDS
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def output_loss(self) -> Literal["kl", "mse"]:
-        return "kl"
-
-    def site_shapes(self) -> dict[str, tuple[int, int]]:
-        return self.config.site_shapes()
-
-    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
-        """The sites outside the layer stack: ``embed_tokens`` (a lookup into its rows) and
-        ``lm_head`` (with tied embeddings: the table transposed)."""
-        d, v = self.config.n_embd, self.config.vocab_size
-        return {"embed_tokens": (v, d), "lm_head": (d, v)}
-
-    def global_weights(self, params: Any) -> dict[str, jax.Array]:
-        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
-        table = params["embed_tokens"]
-        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
-        return {"embed_tokens": table, "lm_head": head}
-
-    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
-        return gpt2.init_params(self.config, key=key, dtype=dtype)
+    module: ClassVar[Any] = gpt2
 
     def start(
         self, params: Any, inputs: jax.Array, dtype: Any, lookup: Lookup | None = None
     ) -> tuple[jax.Array, Any]:
-        if lookup is None:
-            return gpt2.embed(params, inputs, dtype), None
-        return gpt2.embed(params, inputs, dtype, lookup), None
+        return self.embed(params, inputs, dtype, lookup), None
 
     def layer(
         self,
@@ -81,11 +55,6 @@ class GPT2Target:
         if linear is None:
             return gpt2.decoder_layer(h, layer_params, self.config)
         return gpt2.decoder_layer(h, layer_params, self.config, linear)
-
-    def finish(self, params: Any, h: jax.Array, linear: Linear | None = None) -> jax.Array:
-        if linear is None:
-            return gpt2.unembed(params, h, self.config)
-        return gpt2.unembed(params, h, self.config, linear)
 
 
 @attrs.frozen(kw_only=True)

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 import jax
-import jax.numpy as jnp
 
 from pd_train.models import llama
 from pd_train.models.llama_config import LLAMA_PRESETS, LlamaConfig
-from pd_train.targets._hf import HFTargetConfig, hf_architecture, hf_shardings
+from pd_train.targets._hf import (
+    HFDecoderTarget,
+    HFTargetConfig,
+    hf_architecture,
+    hf_shardings,
+)
 from pd_train.targets.base import Linear, Lookup
 from pd_train.targets.registry import TargetKind, register_target
 
@@ -24,50 +28,18 @@ __all__ = ["LLAMA", "LlamaTarget", "LlamaTargetConfig", "llama_census", "llama_s
 
 
 @attrs.frozen(kw_only=True)
-class LlamaTarget:
+class LlamaTarget(HFDecoderTarget):
     """A Llama decoder: sites ``layers.{i}.self_attn.{q,k,v,o}_proj`` and
-    ``layers.{i}.mlp.{gate,up,down}_proj``; inputs tokens [B, T]; output logits [B, T, vocab]."""
+    ``layers.{i}.mlp.{gate,up,down}_proj``; inputs tokens [B, T]; output logits [B, T, vocab]
+    (what every Hugging Face decoder shares: :class:`~pd_train.targets._hf.HFDecoderTarget`)."""
 
     config: LlamaConfig
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return llama.KINDS
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def output_loss(self) -> Literal["kl", "mse"]:
-        return "kl"
-
-    def site_shapes(self) -> dict[str, tuple[int, int]]:
-        return self.config.site_shapes()
-
-    def global_site_shapes(self) -> dict[str, tuple[int, int]]:
-        """The sites outside the layer stack: ``embed_tokens`` (a lookup into its rows) and
-        ``lm_head`` (with tied embeddings: the table transposed)."""
-        d, v = self.config.hidden_size, self.config.vocab_size
-        return {"embed_tokens": (v, d), "lm_head": (d, v)}
-
-    def global_weights(self, params: Any) -> dict[str, jax.Array]:
-        """The frozen weights of :meth:`global_site_shapes`: [vocab, d] and [d, vocab]."""
-        table = params["embed_tokens"]
-        head = table.T if self.config.tie_word_embeddings else params["lm_head"]
-        return {"embed_tokens": table, "lm_head": head}
-
-    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
-        return llama.init_params(self.config, key=key, dtype=dtype)
+    module: ClassVar[Any] = llama
 
     def start(
         self, params: Any, inputs: jax.Array, dtype: Any, lookup: Lookup | None = None
     ) -> tuple[jax.Array, Any]:
-        h = (
-            llama.embed(params, inputs, dtype)
-            if lookup is None
-            else llama.embed(params, inputs, dtype, lookup)
-        )
+        h = self.embed(params, inputs, dtype, lookup)
         return h, llama.rope_cos_sin(self.config, inputs.shape[1], dtype)
 
     def layer(
@@ -81,11 +53,6 @@ class LlamaTarget:
         if linear is None:
             return llama.decoder_layer(h, layer_params, cos, sin, self.config)
         return llama.decoder_layer(h, layer_params, cos, sin, self.config, linear)
-
-    def finish(self, params: Any, h: jax.Array, linear: Linear | None = None) -> jax.Array:
-        if linear is None:
-            return llama.unembed(params, h, self.config)
-        return llama.unembed(params, h, self.config, linear)
 
 
 # ---------------------------------------------------------------------------------------------

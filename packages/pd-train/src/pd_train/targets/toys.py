@@ -211,6 +211,8 @@ def _training_item(state: TrainState) -> dict[str, Any]:
     item: dict[str, Any] = {"step": state.step, "opt_state": state.opt_state}
     if state.adversary:
         item["adversary"] = state.adversary
+    if state.term_state:  # a smooth-L0 term's frequency EMA
+        item["term_state"] = state.term_state
     return item
 
 
@@ -289,6 +291,7 @@ def decompose(
             params=params,
             opt_state=training["opt_state"],
             adversary=training.get("adversary", {}),
+            term_state=training.get("term_state", {}),
         )
     elif pd.faithfulness_warmup.steps:
         state, _ = trainer.faithfulness_warmup(state, target_params, on_step=on_warmup)

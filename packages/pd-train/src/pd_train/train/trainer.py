@@ -263,7 +263,7 @@ class Trainer(TrainerState, TrainerWarmup):
         term_state: Mapping[str, Any] | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Σ coeff·term and ``{"terms": {type: value}, "l0": {kind: [n_k]}, ...}`` (plus each
-        term's extra metrics, e.g. ``"pnorm"``).
+        term's extra metrics, e.g. ``"pnorm"``; ``"pnorm/<name>"`` for a term with a ``name``).
 
         tokens [B, T] int; step: int []; key: the step key. With a ``persistent_pgd_recon``
         term: ``adversary`` is ``TrainState.adversary``; its sources first take
@@ -318,8 +318,11 @@ class Trainer(TrainerState, TrainerWarmup):
                         hp=term_hp,
                         key=jax.random.fold_in(key, i),
                     )
-            aux["terms"][getattr(config, "name", None) or config.type] = value
-            aux.update(extra)
+            name = getattr(config, "name", None)
+            aux["terms"][name or config.type] = value
+            # A named term's extras under ``<metric>/<name>``: two importance terms would
+            # otherwise both report ``pnorm``, the later one hiding the first.
+            aux.update(extra if name is None else {f"{k}/{name}": v for k, v in extra.items()})
             total = total + term_hp["coeff"] * value
         return total, aux
 
