@@ -167,12 +167,13 @@ def stream_free_forward(
     cross = jnp.einsum("kmd,ldn->klmn", w_out, w_in)  # [L, L, M, M]: W_out[k] W_in[l]
     out = x @ (embed @ embed.T)
     acts: list[jax.Array] = []
-    for l in range(config.n_layers):
-        pre = x @ into[l] + sum((r @ cross[k, l] for k, r in enumerate(acts)), jnp.zeros(()))
+    for layer in range(config.n_layers):
+        from_earlier = (r @ cross[k, layer] for k, r in enumerate(acts))
+        pre = x @ into[layer] + sum(from_earlier, jnp.zeros(()))
         if config.bias:
-            pre = pre + layers["b_in"][l] + layers["b_out"][:l].sum(0) @ w_in[l]
+            pre = pre + layers["b_in"][layer] + layers["b_out"][:layer].sum(0) @ w_in[layer]
         acts.append(jax.nn.relu(pre))
-        out = out + acts[l] @ read[l]
+        out = out + acts[layer] @ read[layer]
     if config.bias:
         out = out + layers["b_out"].sum(0) @ embed.T
     return out
