@@ -7,12 +7,15 @@
   other column anything above 0.1, i.e. ``mlp_out`` is one rank-50 block (the paper's finding);
 - alive (some one-hot input above 0.1): 100 in ``mlp_in``, 50 in ``mlp_out`` (the paper's counts).
 
-Not reached yet, so a strict xfail on seed 0 (one seed: ~350 CPU s of a known failure is
-enough; both seeds are asserted once a recipe gets there). Measured in docs/toys.md
+Not reached yet, so a strict xfail on seed 0, run only with ``PD_TOY_RECIPES=1`` (~350 CPU s of
+a known failure is too much for every CI run; both seeds are asserted, always, once a recipe
+gets there). Measured in docs/toys.md
 (residual-MLP section), seed 0: IdentityCIError 16 on mlp_in (every feature's own component at
 1.0, 16 other entries above 0.1), DenseCIError 525 on mlp_out with 71 alive."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -32,6 +35,10 @@ def _shown(ci: dict[str, np.ndarray]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PD_TOY_RECIPES") != "1",
+    reason="a known failure of ~350 CPU s: set PD_TOY_RECIPES=1 to run it",
+)
 @pytest.mark.xfail(
     strict=True,
     reason="resid_mlp1_fast (3000 x 512) measured IdentityCIError 16, DenseCIError 525, "
