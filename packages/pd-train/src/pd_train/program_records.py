@@ -194,6 +194,17 @@ class ProgramRecords:
                 best = (score, Nearest(record, structural, env, constants, data))
         return None if best is None else best[1]
 
+    def is_empty(self) -> bool:
+        """Does this cache hold no program records at all (a new cache)?"""
+        return not any(self.directory.glob("*.json"))
+
+    def explain_new(self) -> str:
+        """The one line for a run's misses in a cache that held no programs before it."""
+        return (
+            f"cache miss: the compile cache {self.directory.parent} holds no programs yet: each "
+            "is compiled here the first time (a later run with the same shapes loads them)"
+        )
+
     def explain(self, jit: str) -> str:
         """One line: why ``jit`` missed the cache, judged from the nearest record."""
         near = self.nearest(jit)
@@ -256,13 +267,22 @@ def explaining(
     if records is None:
         return on_compile
     quiet = on_compile is None and stream is None
+    # A cache that held no records when the run began: one line says so, not one per jit.
+    new_cache = records.is_empty()
+    said_new = False
 
     def callback(event: str, info: dict[str, Any]) -> None:
+        nonlocal said_new
         jit = label(info)
         if event == "cache" and info.get("cache") == "miss" and not quiet:
-            out = stream if stream is not None else sys.stderr
-            out.write(records.explain(jit) + "\n")
-            out.flush()
+            if new_cache and records.nearest(jit) is None:
+                line, said_new = (None if said_new else records.explain_new()), True
+            else:
+                line = records.explain(jit)
+            if line is not None:
+                out = stream if stream is not None else sys.stderr
+                out.write(line + "\n")
+                out.flush()
         if on_compile is not None:
             on_compile(event, info)
         if event == "done" and info.get("cache") in ("hit", "miss"):
