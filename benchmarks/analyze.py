@@ -37,9 +37,9 @@ import numpy as np
 
 from pd_train.analysis import Harvester
 from pd_train.configs import builtin_config
-from pd_train.data import Batches, TokenDataset
-from pd_train.distributed import Placement
 from pd_train.run import prepare, start_runtime
+from pd_train.run.data import Batches, TokenDataset
+from pd_train.run.distributed import Placement
 
 GiB = 1024**3
 

@@ -7,7 +7,7 @@ single-field change of the base config (seed, steps, each loss coefficient, the 
 anneal, a warmup, the persistent-PGD lr; and the structural batch size, C and seq_len). Each
 change is made from the base config, into the cache the earlier launches filled. Per launch the
 table gives the time to the end of step 0, whether the field is a *value* or *structural*
-(:mod:`pd_train.hyperparameters`), and which jits missed the persistent compile cache (from
+(:mod:`pd_train.config.hyperparameters`), and which jits missed the persistent compile cache (from
 the run's compile.json; the train step counts as a hit when it loaded from the executable
 cache). Prints last:
 
@@ -57,10 +57,10 @@ BASE = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.
 
 
 def field_kind(config: str, override: str) -> str:
-    from pd_train import hyperparameters
-    from pd_train._config_io import unstructure
     from pd_train.cli import config_source
-    from pd_train.run_config import load_config
+    from pd_train.config import hyperparameters
+    from pd_train.config.io import unstructure
+    from pd_train.config.run import load_config
 
     loaded, _ = load_config(config_source(config), BASE)
     path = override.split("=", 1)[0]

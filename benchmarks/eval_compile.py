@@ -62,11 +62,11 @@ from pd_train import evaluate
 from pd_train._forward import CleanRunner, masked_forward
 from pd_train.configs import builtin_config
 from pd_train.losses import kl_clean_masked, l0
+from pd_train.losses.recon import site_grid
 from pd_train.models import llama
-from pd_train.recon import site_grid
 from pd_train.run import _target_dtype, prepare
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 
 def loop_metrics(

@@ -42,10 +42,10 @@ import numpy as np
 import pd_sharding
 from pd_train import evaluate
 from pd_train.configs import builtin_config
-from pd_train.data import Batches, TokenDataset
-from pd_train.distributed import Placement
 from pd_train.models import llama
 from pd_train.run import prepare, start_runtime
+from pd_train.run.data import Batches, TokenDataset
+from pd_train.run.distributed import Placement
 
 MiB = 2**20
 

@@ -263,7 +263,7 @@ def ci_specs(n_layers: int) -> list[pd_init.ArraySpec]:
 
     import pd_sharding
     from pd_train.ci import make_ci_function
-    from pd_train.config import ChunkwiseTransformerCI, DecompositionTarget
+    from pd_train.config.pd import ChunkwiseTransformerCI, DecompositionTarget
     from pd_train.decomposition import build_decomposition
     from pd_train.models.llama_config import llama3_8b
 
@@ -334,7 +334,7 @@ def sources_init_compile(n_layers: int, *, args: argparse.Namespace, abstract_ke
     import attrs
 
     import pd_sharding
-    from pd_train.config import DecompositionTarget, PersistentPGDRecon, PGDOptimizer
+    from pd_train.config.pd import DecompositionTarget, PersistentPGDRecon, PGDOptimizer
     from pd_train.decomposition import build_decomposition
     from pd_train.losses import PersistentPGD
     from pd_train.models.llama_config import llama3_8b

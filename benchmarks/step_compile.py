@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pd_sharding
-from pd_train.config import (
+from pd_train.config.pd import (
     ChunkwiseSubsetRecon,
     DecompositionTarget,
     Faithfulness,
@@ -79,7 +79,7 @@ from pd_train.config import (
 )
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 D_MODEL, HEADS, KV_HEADS, D_FF, VOCAB = 256, 4, 2, 1024, 1024
 C = 64
@@ -243,7 +243,7 @@ def ci_compile_arm(chunks: int, mesh: jax.sharding.Mesh, layers: int = 32) -> Ar
     """The scanned step at ``layers`` layers with the transformer CI function in ``chunks``."""
     import attrs
 
-    from pd_train.config import ChunkwiseTransformerCI, RematConfig, RuntimeConfig
+    from pd_train.config.pd import ChunkwiseTransformerCI, RematConfig, RuntimeConfig
 
     jax.clear_caches()
     ci = ChunkwiseTransformerCI(
@@ -276,7 +276,7 @@ def ppgd_compile_arm(n_warmup: int, mesh: jax.sharding.Mesh, layers: int = 8) ->
     ascents per step."""
     import attrs
 
-    from pd_train.config import PersistentPGDRecon, PGDOptimizer
+    from pd_train.config.pd import PersistentPGDRecon, PGDOptimizer
 
     jax.clear_caches()
     base = pd_config(layers, 4, "scan")
@@ -312,7 +312,7 @@ def all_sites_compile_arm(layers: int, mesh: jax.sharding.Mesh) -> Arm:
     ``subset_recon`` term (every site in one forward, per-position uniform-k routing)."""
     import attrs
 
-    from pd_train.config import SubsetRecon
+    from pd_train.config.pd import SubsetRecon
 
     jax.clear_caches()
     base = pd_config(layers, 1, "scan")

@@ -47,8 +47,8 @@ def _arm(config: str, overrides: list[str], devices: int) -> dict:
     import jax
 
     from pd_train import run as runner
-    from pd_train.distributed import Placement
     from pd_train.flops import compiled_cost, step_census
+    from pd_train.run.distributed import Placement
 
     prepared = runner.prepare(config, overrides, for_run=False)
     rt = runner.start_runtime(prepared, Placement())

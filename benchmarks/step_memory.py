@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     from pd_train import run as runner
-    from pd_train.config import ConfigError
-    from pd_train.distributed import Placement
+    from pd_train.config.pd import ConfigError
+    from pd_train.run.distributed import Placement
 
     try:
         prepared = runner.prepare(

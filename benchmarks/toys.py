@@ -27,8 +27,8 @@ import time
 
 import attrs
 
-from pd_train.step import Trainer
 from pd_train.targets.toys import TOYS, make_target, run_toy, toy_config
+from pd_train.train import Trainer
 
 PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
          "resid_mlp3")  # fmt: skip

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train.ci import TransformerCIFunction
-from pd_train.config import (
+from pd_train.config.pd import (
     ChunkwiseTransformerCI,
     DecompositionTarget,
     Faithfulness,
@@ -20,7 +20,7 @@ from pd_train.config import (
     StochasticRecon,
 )
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 MODEL = LlamaConfig(
     vocab_size=32,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     DecompositionTarget,
     Faithfulness,
@@ -21,7 +21,7 @@ from pd_train.config import (
     StochasticRecon,
 )
 from pd_train.models import llama
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._tiny import FAST, TINY
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._forward import ForwardSpec
-from pd_train.config import DecompositionTarget
+from pd_train.config.pd import DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.models import llama
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,

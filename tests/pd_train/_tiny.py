@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,
@@ -27,7 +27,7 @@ from pd_train.config import (
 )
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 TINY = LlamaConfig(
     vocab_size=32,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import tiny_config
 from ._tiny import _trainer

@@ -15,7 +15,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pd_sharding
-from pd_train._config_io import ConfigError
 from pd_train.analysis import (
     EvalComponentStats,
     component_counts,
@@ -26,7 +25,8 @@ from pd_train.analysis import (
     load_vocabulary,
     resolve_l0_groups,
 )
-from pd_train.config import DecompositionTarget
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import DecompositionTarget
 from pd_train.decomposition import build_decomposition
 
 from ._tiny import TINY

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import pytest
 import yaml
 
-from pd_train._config_io import ConfigError, apply_overrides, structure
 from pd_train.cli import main
-from pd_train.config import (
+from pd_train.config.io import ConfigError, apply_overrides, structure
+from pd_train.config.pd import (
     Faithfulness,
     ImportanceMinimality,
     PDConfig,
@@ -21,7 +21,7 @@ from pd_train.config import (
     SubsetRecon,
 )
 from pd_train.run import prepare
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import _refused, tiny_config, write_config
 from ._tiny import TINY, _pd
@@ -305,7 +305,7 @@ def test_a_whole_config_json_stays_a_valid_architecture_mapping(kind: str, fixtu
     # accepted and ignored; only fields no family reads are refused.
     import json
 
-    from pd_train.run_config import target_architecture
+    from pd_train.config.run import target_architecture
     from pd_train.targets import target_kind
 
     fixtures = Path(__file__).parent / "fixtures"
@@ -340,8 +340,8 @@ def test_a_toy_resume_keeps_the_frequency_ema(tmp_path: Path) -> None:
     import attrs
     import numpy as np
 
-    from pd_train.checkpoints import Checkpoints
-    from pd_train.config import FaithfulnessWarmup
+    from pd_train.config.pd import FaithfulnessWarmup
+    from pd_train.run.checkpoints import Checkpoints
     from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
 
     toy = toy_config("tms_5_2_fast")

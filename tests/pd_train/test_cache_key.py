@@ -1,6 +1,6 @@
 """pd's executable-cache key holds a config's structural fields only, and that is safe.
 
-For each value field of :data:`pd_train.hyperparameters.FIELDS`, two tiny configs that differ in
+For each value field of :data:`pd_train.config.hyperparameters.FIELDS`, two tiny configs that differ in
 it alone lower the programs it reaches (the train step, the eval, the faithfulness warm-up) to
 the same text (so the same persistent-cache key: JAX hashes the module without its debug
 info, the compile options and the backend, all equal here) and get the same executable-cache
@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train import hyperparameters
-from pd_train._config_io import parse_path, structure, unstructure
-from pd_train.config import (
+from pd_train.config import hyperparameters
+from pd_train.config.io import parse_path, structure, unstructure
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     CIMaskedRecon,
@@ -48,7 +48,7 @@ from pd_train.config import (
 )
 from pd_train.evaluate import lower_eval
 from pd_train.run import trainer_program_key
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._tiny import FAST, TINY
 
@@ -289,7 +289,7 @@ def test_frequency_on_or_off_is_structural_its_values_are_not() -> None:
 
 
 def test_runtime_structure_is_in_the_key_the_cache_s_own_settings_are_not(tmp_path: Path) -> None:
-    from pd_train.config import CompileCacheConfig
+    from pd_train.config.pd import CompileCacheConfig
 
     pd = _pd()
     key = _key(_trainer(pd, RuntimeConfig()))

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pd_train.checkpoints import CheckpointError, Checkpoints, abstract_like
+from pd_train.run.checkpoints import CheckpointError, Checkpoints, abstract_like
 
 
 def _mesh(n: int) -> Mesh:

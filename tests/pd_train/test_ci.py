@@ -156,7 +156,7 @@ def test_site_ci_params_keep_the_names_groups_and_values_they_had() -> None:
     code before the CI package (same names => same keys => same values): a stack's row equals
     pd-init's reference draw under the literal old name and init."""
     import pd_init
-    from pd_train.config import DecompositionTarget
+    from pd_train.config.pd import DecompositionTarget
     from pd_train.decomposition import build_decomposition
 
     from ._recon import MODEL

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pd_sharding
-from pd_train.config import ChunkwiseTransformerCI, GlobalTransformerCI, VectorMLPCI
+from pd_train.config.pd import ChunkwiseTransformerCI, GlobalTransformerCI, VectorMLPCI
 
 from ._tiny import FAST, TINY, B, T, _pd, _run, _target, _tokens
 
@@ -27,7 +27,7 @@ STEPS = 150
 
 @functools.cache
 def _trainer(name: str, devices: int = 1):
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     mesh = (
         None
@@ -40,7 +40,7 @@ def _trainer(name: str, devices: int = 1):
 @functools.cache
 def _history(name: str) -> list:
     """Metrics of a faithfulness warmup then STEPS steps on one device."""
-    from pd_train.step import step_key
+    from pd_train.train import step_key
 
     trainer = _trainer(name)
     target, tokens = _target(), _tokens()

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from pd_train.ci import TransformerCIFunction, make_ci_function
-from pd_train.config import (
+from pd_train.config.pd import (
     ChunkwiseTransformerCI,
     ConfigError,
     DecompositionTarget,
     GlobalTransformerCI,
 )
 from pd_train.decomposition import build_decomposition
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._ci_transformer import ALL, CHUNKWISE, MODEL, B, T, _pd, _setup, _trainer, jit
 

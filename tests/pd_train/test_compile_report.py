@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from pd_train.compile import (
+from pd_train.flops import CompiledCost
+from pd_train.run.compile import (
     REFERENCE_GPU,
     CompileRow,
     Device,
@@ -17,7 +18,6 @@ from pd_train.compile import (
     format_flops,
     xla_slow_compile_alarm_replaced,
 )
-from pd_train.flops import CompiledCost
 
 GIB = 2**30
 

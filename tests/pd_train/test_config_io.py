@@ -7,7 +7,7 @@ from typing import Literal
 import attrs
 import pytest
 
-from pd_train._config_io import (
+from pd_train.config.io import (
     ConfigError,
     apply_overrides,
     load_yaml,

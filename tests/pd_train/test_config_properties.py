@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pd_train._config_io import ConfigError, read_yaml, unstructure
+from pd_train.config.io import ConfigError, read_yaml, unstructure
+from pd_train.config.run import load_config
 from pd_train.run import prepare
-from pd_train.run_config import load_config
 
 SETTINGS = settings(
     max_examples=80,
@@ -204,7 +204,7 @@ def test_a_set_override_is_refused_by_name_or_equals_the_same_value_in_the_file(
         return
     document = yaml.safe_dump(with_value(path, "__VALUE__")).replace("__VALUE__", text, 1)
     try:
-        from pd_train._config_io import load_yaml
+        from pd_train.config.io import load_yaml
 
         in_file = load_yaml(document)
     except yaml.YAMLError:
@@ -251,7 +251,7 @@ def test_probe_arm_values_read_like_set_values(text: str) -> None:
     """`pd-train probe --arm NAME:PATH=VALUE` (pd-probe's scalar parser) and `--set PATH=VALUE`
     (pd-train's YAML loader) read a scalar alike: one schema, YAML 1.2 core."""
     from pd_probe import OverrideError, parse_scalar
-    from pd_train._config_io import load_yaml
+    from pd_train.config.io import load_yaml
 
     try:
         by_arm = parse_scalar(text)

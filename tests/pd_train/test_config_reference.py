@@ -9,12 +9,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from pd_train.configs.reference import render_reference, root_config_class
+from pd_train.config.reference import render_reference, root_config_class
 
 # The checkout's file (the package may be installed elsewhere, as in the nox sessions).
 REFERENCE_FILE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 
-REGENERATE = "python -m pd_train.configs.reference --write"
+REGENERATE = "python -m pd_train.config.reference --write"
 
 
 def test_the_committed_reference_matches_the_schema() -> None:

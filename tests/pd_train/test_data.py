@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pd_train.data import Batches, DataError, TokenDataset
+from pd_train.run.data import Batches, DataError, TokenDataset
 
 SEQ = 8
 
@@ -191,7 +191,7 @@ def test_vocab_check_names_file_and_token(tmp_path):
 def test_token_range_is_one_pass_per_file_until_the_file_changes(tmp_path):
     """The range is remembered by the file's stat: a second dataset over the same file reads
     nothing, while a rewritten file (new size, mtime or inode) is read again."""
-    from pd_train import data
+    from pd_train.run import data
 
     path = tmp_path / "t.npy"
     np.save(path, np.arange(40, dtype=np.uint16))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pd_train.config import (
+from pd_train.config.pd import (
     ConfigError,
     DecompositionTarget,
     Faithfulness,
@@ -14,8 +14,8 @@ from pd_train.config import (
     check_pd_config,
 )
 from pd_train.decomposition import build_decomposition
+from pd_train.losses.recon import chunkwise_plan, site_grid
 from pd_train.models.llama_config import LlamaConfig, llama3_8b
-from pd_train.recon import chunkwise_plan, site_grid
 
 MODEL = LlamaConfig(
     vocab_size=8,

@@ -3,7 +3,7 @@
 import pytest
 
 from pd_launch import SlurmStepError
-from pd_train.distributed import DistributedError, Placement, resolve_placement
+from pd_train.run.distributed import DistributedError, Placement, resolve_placement
 
 
 def test_none_is_one_process_even_inside_an_allocation() -> None:

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
 from pd_train._forward import CleanRunner, ForwardSpec, masked_forward
-from pd_train.config import (
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import (
     MLPCI,
     DecompositionTarget,
     Faithfulness,
@@ -192,7 +192,7 @@ def _pd(ci: Any, targets: Any = ALL[::2], **kw: Any) -> PDConfig:
 def test_embedding_and_unembedding_sites_train(name) -> None:
     """A few Trainer steps with embed_tokens and lm_head (and one layer site) decomposed: the
     losses are finite, faithfulness falls, gradients reach both global sites' components."""
-    from pd_train.step import Trainer, step_key
+    from pd_train.train import Trainer, step_key
 
     model = MODELS[name]
     targets = (*ALL[::2], DecompositionTarget(module_pattern="layers.1.mlp.down_proj", C=8))
@@ -226,7 +226,7 @@ def test_embedding_and_unembedding_sites_train(name) -> None:
 def test_ci_types_that_cannot_serve_a_global_site_are_refused_by_field_path(
     ci, targets, why
 ) -> None:
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     with pytest.raises(ConfigError) as err:
         Trainer(LLAMA, _pd(ci, targets))
@@ -235,6 +235,6 @@ def test_ci_types_that_cannot_serve_a_global_site_are_refused_by_field_path(
 
 def test_shared_mlp_serves_the_lm_head() -> None:
     """The head's input is a vector (the final normed stream): the x-reading CI types serve it."""
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     Trainer(LLAMA, _pd(SharedMLPCI(hidden_dims=(4,)), ALL[2:]))

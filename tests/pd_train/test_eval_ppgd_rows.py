@@ -153,8 +153,8 @@ def test_the_compiled_eval_program_gathers_no_sources(monkeypatch: pytest.Monkey
     import attrs
 
     from pd_train import evaluate
-    from pd_train.config import MLPCI, DecompositionTarget
-    from pd_train.step import Trainer
+    from pd_train.config.pd import MLPCI, DecompositionTarget
+    from pd_train.train import Trainer
 
     from ._pgd import T as SEQ
     from ._pgd import _pd

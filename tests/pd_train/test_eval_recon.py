@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
 from pd_train._forward import CleanRunner, ForwardSpec, site_id
 from pd_train.analysis.recon_eval import (
     RECON_MASKS,
@@ -23,7 +22,8 @@ from pd_train.analysis.recon_eval import (
     recon_layers,
     slow_eval_due,
 )
-from pd_train.config import DecompositionTarget
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
@@ -343,10 +343,10 @@ def test_evaluator_slow_flag_adds_the_recon_metrics_of_its_own_batches(tmp_path:
     eval key (so the stochastic mask is the eval's), averaged over the batches."""
     import pd_sharding
     from pd_train.analysis.statistics import ci_lower_of
-    from pd_train.config import MLPCI, Faithfulness, OptimizerConfig, PDConfig
-    from pd_train.data import Batches, TokenDataset
+    from pd_train.config.pd import MLPCI, Faithfulness, OptimizerConfig, PDConfig
     from pd_train.evaluate import Evaluator
-    from pd_train.step import Trainer, TrainState
+    from pd_train.run.data import Batches, TokenDataset
+    from pd_train.train import Trainer, TrainState
 
     from ._tiny import TINY
 

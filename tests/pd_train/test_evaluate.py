@@ -14,14 +14,13 @@ import pytest
 
 import pd_sharding
 from pd_train._forward import CleanRunner, masked_forward, site_id
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     DecompositionTarget,
     Faithfulness,
     OptimizerConfig,
     PDConfig,
 )
-from pd_train.data import Batches, TokenDataset
 from pd_train.evaluate import (
     HIST_BINS,
     MASKS,
@@ -32,9 +31,10 @@ from pd_train.evaluate import (
 )
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
+from pd_train.run.data import Batches, TokenDataset
 from pd_train.sources import masks, sample_source
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer, TrainState
+from pd_train.train import Trainer, TrainState
 
 from ._tiny import FAST
 
@@ -256,7 +256,7 @@ def test_eval_compiled_ahead_gives_the_same_record_and_is_cached(
     """`Evaluator.compile_ahead` (the run starts it after step 0): the first eval uses the
     program compiled in the background, a second evaluator loads it from the executable cache,
     and a program that refuses the arguments falls back to the jit; every record is equal."""
-    from pd_train.runtime_env import ExecutableCache
+    from pd_train.process_env import ExecutableCache
 
     trainer, params, target, batches = _setup()
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state={})

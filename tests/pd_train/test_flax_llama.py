@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax.errors import ScopeParamNotFoundError, ScopeParamShapeError
 
-from pd_train.config import (
+from pd_train.config.pd import (
     DecompositionTarget,
     Faithfulness,
     OptimizerConfig,
@@ -24,7 +24,7 @@ from pd_train.config import (
 from pd_train.models import LlamaForCausalLM, llama
 from pd_train.models.hf import load_llama_checkpoint
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._recon import MODEL as TINY_MODEL  # the tiny two-layer Llama the step tests use
 from ._tiny import FAST

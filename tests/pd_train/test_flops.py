@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pd_train.ci import make_ci_function
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     ChunkwiseTransformerCI,
@@ -196,7 +196,7 @@ def test_hlo_flops_multiply_loop_bodies_by_their_trip_count() -> None:
     assert cost.temp_bytes is None or cost.temp_bytes >= 0
 
     # what `pd-train compile` prints for a train step whose census is half the compiled FLOPs
-    from pd_train.compile import CompileRow
+    from pd_train.run.compile import CompileRow
 
     row = CompileRow("train_step", 0.0, 0.0, None, cost=cost, useful=cost.matmul_flops / 2)
     report = efficiency_report([row])
@@ -208,7 +208,7 @@ def test_compiled_step_matches_the_census_without_remat() -> None:
     """A train step with no remat and no conditionals (one layer, route-all recon): XLA's
     compiled matmul FLOPs equal the census's within 5 % (measured: exactly equal), so every
     matmul the census counts is in the program and the program adds none beyond them."""
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     model = LlamaConfig(
         vocab_size=64,

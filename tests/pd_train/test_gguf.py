@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
-from pd_train._config_io import ConfigError
 from pd_train.cli import main as pd_train
+from pd_train.config.io import ConfigError
 from pd_train.models.gguf import (
     check_gguf_checkpoint,
     gguf_llama_config,
@@ -27,7 +27,7 @@ from pd_train.models.gguf import (
 from pd_train.models.hf import CheckpointError, llama_param_shapes, load_llama_checkpoint
 from pd_train.models.llama import forward, rope_inv_freq
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.tokenizer import TokenizerError, gguf_tokenizer, tokenize_files
+from pd_train.models.tokenizer import TokenizerError, gguf_tokenizer, tokenize_files
 
 # vocab 40, hidden 32, 4 heads of 8 over 2 kv heads, ff 64, 2 layers: every row a whole
 # number of 32-wide quantization blocks, every dim divisible by a 2x4 mesh.
@@ -304,7 +304,7 @@ def _gguf_run_config(tmp_path: Path, gguf_path: Path) -> Path:
     """The tiny default decomposition, pointed at ``gguf_path`` and tokens below its vocab."""
     import yaml
 
-    from pd_train._config_io import read_yaml
+    from pd_train.config.io import read_yaml
     from pd_train.configs import builtin_config
 
     tokens = tmp_path / "tokens.npy"
@@ -440,7 +440,7 @@ def test_llama3_rope_scaling_from_rope_freqs_matches_the_safetensors_path(
 def test_rope_freq_factors_are_checked_on_construction() -> None:
     import attrs
 
-    from pd_train._config_io import FieldValueError
+    from pd_train.config.io import FieldValueError
     from pd_train.models.llama_config import RopeScaling
 
     with pytest.raises(FieldValueError, match="has 3 entries; must have head_dim / 2 = 4"):
@@ -470,7 +470,7 @@ def test_a_gguf_checkpoint_in_a_config_gives_its_architecture(tmp_path: Path) ->
     from pd_train.run import prepare
 
     path = write_gguf(tmp_path / "tiny.gguf", hf_weights(CONFIG))
-    from pd_train._config_io import read_yaml
+    from pd_train.config.io import read_yaml
     from pd_train.configs import builtin_config
 
     raw = read_yaml(builtin_config("default"))  # the tiny default, pointed at this GGUF

@@ -71,7 +71,7 @@ def test_logits_match_transformers(smollm2: tuple, reference: dict[str, np.ndarr
 
 
 def test_tokenizer_matches_transformers(reference: dict[str, np.ndarray]) -> None:
-    from pd_train.tokenizer import gguf_tokenizer
+    from pd_train.models.tokenizer import gguf_tokenizer
 
     tok = gguf_tokenizer(GGUF)
     for n, text in enumerate(reference["sentences"]):
@@ -81,7 +81,7 @@ def test_tokenizer_matches_transformers(reference: dict[str, np.ndarray]) -> Non
 def test_tokenization_round_trips_on_real_text() -> None:
     from pydoc_data.topics import topics
 
-    from pd_train.tokenizer import gguf_tokenizer
+    from pd_train.models.tokenizer import gguf_tokenizer
 
     tok = gguf_tokenizer(GGUF)
     for name in ("if", "assignment", "numbers", "formatstrings"):
@@ -92,7 +92,7 @@ def test_tokenization_round_trips_on_real_text() -> None:
 
 
 def test_shipped_corpus_is_english_documentation() -> None:
-    from pd_train.tokenizer import gguf_tokenizer
+    from pd_train.models.tokenizer import gguf_tokenizer
 
     tok = gguf_tokenizer(GGUF)
     for split in ("train", "val"):

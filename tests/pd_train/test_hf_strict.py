@@ -15,7 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError, structure
+from pd_train.config.io import ConfigError, structure
+from pd_train.config.run import TargetConfig
 from pd_train.models.hf import (
     CheckpointError,
     HFConfigError,
@@ -23,7 +24,6 @@ from pd_train.models.hf import (
     load_llama_checkpoint,
     read_hf_config,
 )
-from pd_train.run_config import TargetConfig
 
 from ._hf import (
     EXPECTED,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pd_train.assets import tiny_corpus_path, tiny_llama_path, tiny_vocab
-from pd_train.data import Batches, TokenDataset
 from pd_train.models.hf import load_llama_checkpoint
 from pd_train.models.llama import forward
+from pd_train.run.data import Batches, TokenDataset
 
 
 def test_assets_are_small_and_complete():

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from pd_train._forward import CleanRunner, ForwardSpec, site_id
-from pd_train.config import StochasticHiddenActsRecon, StochasticRecon
+from pd_train.config.pd import StochasticHiddenActsRecon, StochasticRecon
 from pd_train.flops import step_census
 from pd_train.losses import hidden_acts_recon
 from pd_train.models import llama
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import tiny_config, write_config
 from ._tiny import FAST, TINY, _pd, _run, _target, _tokens
@@ -252,7 +252,7 @@ def test_embedding_and_lm_head_sites_by_a_written_out_forward(case: str) -> None
     """The embedding contributes its looked-up rows V[tokens] path vs W[tokens], the LM head its
     logits; layers before the first decomposed one are the clean model's (no embedding site:
     the pass starts at layer 1)."""
-    from pd_train.config import DecompositionTarget
+    from pd_train.config.pd import DecompositionTarget
     from pd_train.decomposition import build_decomposition
 
     c = 6

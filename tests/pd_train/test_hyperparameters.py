@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pd_train import hyperparameters
-from pd_train._config_io import unstructure
+from pd_train.config import hyperparameters
+from pd_train.config.io import unstructure
+from pd_train.config.run import load_config
 from pd_train.configs import builtin_config
-from pd_train.run_config import load_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hyperparameters.md"
 
@@ -18,10 +18,10 @@ def test_every_config_field_is_classified_exactly_once() -> None:
     schema = hyperparameters.schema_paths()
     classified = Counter(f.path for f in hyperparameters.FIELDS)
     twice = sorted(p for p, n in classified.items() if n > 1)
-    assert not twice, f"classified twice in pd_train.hyperparameters.FIELDS: {twice}"
+    assert not twice, f"classified twice in pd_train.config.hyperparameters.FIELDS: {twice}"
     missing = sorted(set(schema) - set(classified))
     assert not missing, (
-        f"config fields in no list of pd_train.hyperparameters.FIELDS: {missing}; classify each "
+        f"config fields in no list of pd_train.config.hyperparameters.FIELDS: {missing}; classify each "
         "as structural (changes a program), value (a scalar that must not) or outside"
     )
     stale = sorted(set(classified) - set(schema))
@@ -55,12 +55,12 @@ def test_the_issue_s_examples_are_classified_as_it_says() -> None:
 
 def test_the_docs_table_is_the_code_s_list() -> None:
     text = DOC.read_text()
-    start = text.index("<!-- generated: pd_train.hyperparameters.markdown_table() -->\n")
+    start = text.index("<!-- generated: pd_train.config.hyperparameters.markdown_table() -->\n")
     end = text.index("<!-- end generated -->")
     table = text[start:end].split("\n", 1)[1]
     assert table == hyperparameters.markdown_table(), (
         "docs/hyperparameters.md's table is stale: regenerate it from "
-        "pd_train.hyperparameters.markdown_table()"
+        "pd_train.config.hyperparameters.markdown_table()"
     )
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,
@@ -30,7 +30,7 @@ from pd_train.config import (
 )
 from pd_train.models import llama
 from pd_train.optim import lr_schedule, schedule_hyperparams, scheduled_lr
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._tiny import FAST, TINY
 
@@ -218,7 +218,7 @@ def _eval_text(pd: PDConfig) -> str:
 def test_the_eval_takes_its_threshold_and_pgd_step_size_as_data() -> None:
     """issue 27 item 1 for the eval programs: pd.l0_threshold and pd.eval_pgd.step_size change
     no eval program text; the eval's fresh-PGD n_steps does."""
-    from pd_train.config import PGDEval
+    from pd_train.config.pd import PGDEval
 
     base = _pd(eval_pgd=PGDEval(n_steps=2, step_size=0.1))
     text = _eval_text(base)

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
-from pd_train.config import FrequencyPenalty, ImportanceMinimality, check_pd_config
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import FrequencyPenalty, ImportanceMinimality, check_pd_config
+from pd_train.config.run import load_config
 from pd_train.losses import LOSS_TERMS, TermInputs
-from pd_train.run_config import load_config
 
 RNG = np.random.default_rng(7)
 PRODUCTION = "configs/llama8b-full32L.yaml"

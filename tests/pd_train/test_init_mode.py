@@ -15,7 +15,7 @@ import yaml
 import pd_init
 import pd_sharding
 from pd_train.cli import main
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     ConfigError,
@@ -25,9 +25,9 @@ from pd_train.config import (
     PDConfig,
     RuntimeConfig,
 )
+from pd_train.config.run import load_config
 from pd_train.run import prepare
-from pd_train.run_config import load_config
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import tiny_config
 from ._recon import MODEL  # the tiny two-layer Llama the step tests use

@@ -157,7 +157,7 @@ def test_resume_of_a_toy_run_advises_a_command_that_is_accepted(
     """A toy run dir without a checkpoint (an interrupted start): `--resume` of it used to
     advise `pd-train run DIR/config.yaml --run-dir DIR`, which is then refused (the dir is not
     empty)."""
-    from pd_train.toy_cli import load_toy_config
+    from pd_train.cli.toy import load_toy_config
 
     # The toy run dir as the toy runner leaves it after an interrupted start (its config.yaml
     # written by the same function; no checkpoint yet).
@@ -188,7 +188,7 @@ def test_safetensors_tensor_errors_stop_the_run_before_its_run_dir(
 
     from safetensors.numpy import load_file, save_file
 
-    from pd_train.run_config import resolve_path
+    from pd_train.config.run import resolve_path
 
     checkpoint = tmp_path / "ckpt"
     shutil.copytree(resolve_path("builtin:tiny_llama"), checkpoint)

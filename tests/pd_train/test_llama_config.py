@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from pd_train import assets
-from pd_train._config_io import ConfigError, FieldValueError
 from pd_train.cli import main
+from pd_train.config.io import ConfigError, FieldValueError
+from pd_train.config.run import ARCHITECTURE_PRESETS, target_architecture
 from pd_train.configs import builtin_configs
 from pd_train.models.hf import CheckpointError, llama_config_from_hf, read_hf_config
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
-from pd_train.run_config import ARCHITECTURE_PRESETS, target_architecture
 from pd_train.targets.llama import LlamaTargetConfig
 
 from ._cli import TINY_ARCH

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._forward import ForwardSpec
-from pd_train.config import DecompositionTarget, PersistentPGDRecon, PGDOptimizer
+from pd_train.config.pd import DecompositionTarget, PersistentPGDRecon, PGDOptimizer
 from pd_train.decomposition import build_decomposition
 from pd_train.losses import LOSS_TERMS, TermInputs, all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.losses.pgd import FreshPGD

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from pd_train.config import DecompositionTarget, ImportanceMinimality, OptimizerConfig
+from pd_train.config.pd import DecompositionTarget, ImportanceMinimality, OptimizerConfig
 from pd_train.decomposition import build_decomposition
 from pd_train.losses import faithfulness, importance_minimality, kl_clean_masked, l0, pnorm_at
 from pd_train.models.llama_config import LlamaConfig

@@ -13,7 +13,7 @@ import numpy as np
 
 import pd_sharding
 from pd_train._forward import CleanRunner
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     DecompositionTarget,
     Faithfulness,
@@ -27,7 +27,7 @@ from pd_train.losses import l0
 from pd_train.models import llama
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._tiny import FAST
 

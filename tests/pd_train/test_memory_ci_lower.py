@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pd_train.train.trainer
-from pd_train.config import (
+from pd_train.config.pd import (
     ChunkwiseSubsetRecon,
     ChunkwiseTransformerCI,
     DecompositionTarget,
@@ -29,7 +29,7 @@ from pd_train.config import (
 from pd_train.models import llama
 from pd_train.sources import masks
 from pd_train.squash import lower_leaky_hard, lower_leaky_hard_deferred, unit_clip
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._tiny import FAST, TINY
 

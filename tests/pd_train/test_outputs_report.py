@@ -12,7 +12,6 @@ import pytest
 
 from pd_train.outputs import (
     MetricsLog,
-    _plots,
     plot_ci_histograms,
     plot_l0,
     plot_loss_curves,
@@ -20,7 +19,8 @@ from pd_train.outputs import (
     render_summary,
     write_plots,
 )
-from pd_train.outputs._records import canonical_sites
+from pd_train.outputs import plots as _plots
+from pd_train.outputs.records import canonical_sites
 
 KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -292,7 +292,7 @@ def _ci_fixture_record() -> dict[str, Any]:
     import jax.numpy as jnp
 
     from pd_train.analysis import EvalComponentStats, component_counts
-    from pd_train.config import DecompositionTarget
+    from pd_train.config.pd import DecompositionTarget
     from pd_train.decomposition import build_decomposition
 
     from ._tiny import TINY

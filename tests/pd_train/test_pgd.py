@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import pd_sharding
-from pd_train._config_io import ConfigError
 from pd_train._forward import CleanRunner
-from pd_train.config import (
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import (
     PersistentPGDRecon,
     PGDOptimizer,
     PGDRecon,
@@ -29,7 +29,7 @@ from pd_train.losses import (
     recon_loss,
     sign_ascent,
 )
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._pgd import FAST, TINY, B, T, _pd, _target, _tokens, _trainer
 from ._recon import DEC, SPEC, _data
@@ -303,7 +303,7 @@ def test_bsc_scope_needs_a_batch_the_data_axes_divide() -> None:
 
 
 def test_pgd_config_fields_are_checked() -> None:
-    from pd_train._config_io import FieldValueError
+    from pd_train.config.io import FieldValueError
 
     with pytest.raises(FieldValueError, match="scope"):
         PersistentPGDRecon(coeff=1.0, scope="bc", optimizer=PGDOptimizer(lr=0.1))  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ B, T, STEPS = 8, 8, 2
 
 def _setup() -> tuple[Any, Any]:
     """The tiny model and a cheap PD config with a bsc persistent-PGD term (Adam, 1 warmup)."""
-    from pd_train.config import (
+    from pd_train.config.pd import (
         MLPCI,
         DecompositionTarget,
         Faithfulness,
@@ -74,7 +74,7 @@ def run_steps(mesh: Any) -> dict[str, np.ndarray]:
 
     import pd_sharding
     from pd_train.models import llama
-    from pd_train.step import Trainer, step_key
+    from pd_train.train import Trainer, step_key
 
     model, pd = _setup()
     trainer = Trainer(

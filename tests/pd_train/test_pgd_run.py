@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import pd_sharding
-from pd_train.checkpoints import Checkpoints
 from pd_train.outputs import read_metrics
 from pd_train.run import _training_item
-from pd_train.step import Trainer
+from pd_train.run.checkpoints import Checkpoints
+from pd_train.train import Trainer
 
 from ._cli import _cli, _finish, tiny_config, train_losses, write_config
 from ._pgd import PPGD, TINY, _pd

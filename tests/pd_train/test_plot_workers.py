@@ -10,7 +10,7 @@ import pytest
 
 from pd_train.outputs import PlotWorkers, read_metrics, write_plots
 from pd_train.outputs._plot_workers import _COST, NEEDS_ANALYSIS, split_plots
-from pd_train.outputs._plots import PLOTS
+from pd_train.outputs.plots import PLOTS
 
 SITES = ("layers.0.self_attn.q_proj", "layers.0.mlp.up_proj", "layers.1.mlp.down_proj")
 

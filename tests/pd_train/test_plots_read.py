@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from pd_train.analysis.density import plot_density
 from pd_train.outputs import MetricsLog, plot_ci_histograms, plot_l0, read_metrics
-from pd_train.outputs._plots import plot_eval_curves, plot_loss_curves
+from pd_train.outputs.plots import plot_eval_curves, plot_loss_curves
 
 KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SITES = [

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from pd_probe import GridError, parse_arm
-from pd_train import probe_cli
+from pd_train.cli import probe as probe_cli
 from pd_train.decomposition import build_decomposition, site_name
-from pd_train.recon import chunkwise_plan
+from pd_train.losses.recon import chunkwise_plan
 from pd_train.run import prepare
 
 ROOT = Path(__file__).resolve().parents[2]

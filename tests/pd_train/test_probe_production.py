@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from pd_train import run as runner
-from pd_train.distributed import Placement
+from pd_train.run.distributed import Placement
 
 PRODUCTION = Path(__file__).resolve().parents[2] / "configs" / "llama8b-full32L.yaml"
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pd_probe import arm_paths
-from pd_train import probe_cli
+from pd_train.cli import probe as probe_cli
 
 from ._probe import SMALL
 

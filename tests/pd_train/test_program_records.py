@@ -80,7 +80,7 @@ def _here(**changes: dict) -> dict:
 def test_the_nearest_record_decides_the_explanation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pd_train import hyperparameters
+    from pd_train.config import hyperparameters
     from pd_train.program_records import ProgramRecords
 
     ProgramRecords(tmp_path, _here()).remember("train_step")

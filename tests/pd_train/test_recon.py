@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pd_train._forward import CleanRunner, masked_forward, site_id
+from pd_train.losses.recon import _routing, all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.models import llama
-from pd_train.recon import _routing, all_sites_plan, chunkwise_plan, recon_loss
 from pd_train.sources import masks, sample_source
 
 from ._recon import DEC, MODEL, SPEC, B, T, _chi2, _data

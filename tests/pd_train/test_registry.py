@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import pd_init
-from pd_train import _config_io
 from pd_train.ci import (
     CI_TYPES,
     CIType,
@@ -24,12 +23,13 @@ from pd_train.ci import (
     make_ci_function,
     register_ci_type,
 )
-from pd_train.config import CIConfig, ConfigError, LossMetric, PDConfig
+from pd_train.config import io as _config_io
+from pd_train.config.pd import CIConfig, ConfigError, LossMetric, PDConfig
 from pd_train.decomposition import KindLayout
 from pd_train.flops import CensusContext, step_census
 from pd_train.losses import LOSS_TERMS, LossTerm, TermInputs, register_loss_term
 from pd_train.models import llama
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._tiny import FAST, TINY
 
@@ -107,7 +107,7 @@ def _registered() -> Iterator[None]:
     """The dummy members are registered for this module's tests only (registered at import,
     they would leak into every later walk of the schema: the config reference, the field
     classification), and removed again after them."""
-    from pd_train._config_io import tagged_family
+    from pd_train.config.io import tagged_family
 
     register_loss_term(SquaredVTerm())
     register_ci_type(BiasCIType())

@@ -200,7 +200,7 @@ def _prepared(tmp: Path, cache: Path, **pd_overrides: Any) -> Any:
 def _run_dir_with(
     tmp: Path, config: Any, *, checkpoints: bool = False, metrics: bool = False
 ) -> Path:
-    from pd_train.run_config import to_yaml
+    from pd_train.config.run import to_yaml
 
     run_dir = tmp / "existing"
     run_dir.mkdir(parents=True)
@@ -253,8 +253,8 @@ def test_saved_config_keeps_relative_paths_working_from_the_run_dir(
 ) -> None:
     """A config with a config-relative data path: the copy saved in the run dir must still find
     the data, or ``--resume`` (which reads that copy, relative to the run dir) would fail."""
+    from pd_train.config.run import to_yaml
     from pd_train.run import prepare
-    from pd_train.run_config import to_yaml
 
     raw = tiny_config(tmp_path, cache)
     raw["data"]["path"] = "tokens.npy"  # next to the config

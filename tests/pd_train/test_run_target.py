@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
 from pd_train.cli import main
+from pd_train.config.io import ConfigError
 from pd_train.models.hf import CheckpointError
 from pd_train.run import load_target, prepare
 

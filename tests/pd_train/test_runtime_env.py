@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pd_train.runtime_env import RuntimeSetupError, configure_compile_cache
+from pd_train.process_env import RuntimeSetupError, configure_compile_cache
 
 SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from pd_train.runtime_env import apply_launch_env, configure_compile_cache, setup_logging
+    from pd_train.process_env import apply_launch_env, configure_compile_cache, setup_logging
     args = json.loads(sys.argv[1])
     dump = Path(args["dump"]) if args["dump"] else None
     apply_launch_env({}, hlo_dump_dir=dump)

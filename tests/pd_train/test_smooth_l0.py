@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train.config import (
+from pd_train.config.pd import (
     MLPCI,
     DecompositionTarget,
     Faithfulness,
@@ -28,7 +28,7 @@ from pd_train.losses.smooth_l0 import (
     gamma_at,
     smooth_l0_frequencies,
 )
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import _cli, _finish, tiny_config, train_losses, write_config
 from ._pgd import FAST, TINY, _target

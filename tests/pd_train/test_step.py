@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import pd_sharding
-from pd_train.config import (
+from pd_train.config.pd import (
     ChunkwiseSubsetRecon,
     DecompositionTarget,
     Faithfulness,
     SharedMLPCI,
 )
 from pd_train.models.llama_config import LlamaConfig
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._tiny import FAST, TINY, B, T, _pd, _run, _target, _tokens, _trainer
 

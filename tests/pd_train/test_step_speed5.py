@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train.config import PersistentPGDRecon, RematConfig, RuntimeConfig
+from pd_train.config.pd import PersistentPGDRecon, RematConfig, RuntimeConfig
 from pd_train.models import llama
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._speed import PD, B, T
 from ._tiny import FAST, TINY

@@ -7,14 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train.config import (
+from pd_train.config.pd import (
     RematConfig,
     RuntimeConfig,
 )
+from pd_train.config.run import load_config
 from pd_train.configs import builtin_config
 from pd_train.models import llama
-from pd_train.run_config import load_config
-from pd_train.step import Trainer, step_key
+from pd_train.train import Trainer, step_key
 
 from ._speed import PD, B, T
 from ._tiny import FAST, TINY

@@ -21,9 +21,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pd_train import _config_io, cli
-from pd_train.launch_cli import snapshot_code
-from pd_train.launch_config import LaunchConfig
+from pd_train import cli
+from pd_train.cli.submit import snapshot_code
+from pd_train.config import io as _config_io
+from pd_train.config.launch import LaunchConfig
 
 TINY = {
     "run_name": "tiny-submit",
@@ -228,8 +229,8 @@ def test_accepted_submission_leaves_a_complete_run_dir(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from pd_launch import render_script
-    from pd_train.launch_cli import build_job
-    from pd_train.run_config import load_config
+    from pd_train.cli.submit import build_job
+    from pd_train.config.run import load_config
 
     sbatch = _fake_sbatch(tmp_path, monkeypatch, ACCEPT)
     monkeypatch.setenv("SLURM_NTASKS", "2")  # as if submitted from inside an allocation
@@ -361,7 +362,7 @@ def test_code_snapshot_outside_git_still_records_packages(tmp_path: Path) -> Non
 def test_job_command_resumes_from_a_finished_checkpoint(
     tmp_path: Path, entries: list[str], resumes: bool
 ) -> None:
-    from pd_train.launch_cli import job_command
+    from pd_train.cli.submit import job_command
 
     run_dir = tmp_path / "run dir"  # a space survives the quoting
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -542,8 +543,8 @@ def test_launch_section_around_a_valid_one(field: str, value: object) -> None:
     import attrs
 
     from pd_launch import render_script
-    from pd_train.launch_cli import build_job
-    from pd_train.run_config import Config
+    from pd_train.cli.submit import build_job
+    from pd_train.config.run import Config
 
     raw = {**_LAUNCH_VALID, field: value}
     try:

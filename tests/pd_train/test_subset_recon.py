@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._forward import CleanRunner
-from pd_train.config import SubsetRecon
+from pd_train.config.pd import SubsetRecon
 from pd_train.losses import LOSS_TERMS, all_sites_subset_plan, recon_loss, routing_masks
 
 from ._recon import DEC, SPEC, _chi2, _data

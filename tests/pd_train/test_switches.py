@@ -19,7 +19,7 @@ from pd_train.evaluate import batch_metrics
 from pd_train.models import llama
 from pd_train.sources import sample_source
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer
+from pd_train.train import Trainer
 
 from ._cli import tiny_config, write_config
 from .test_evaluate import FAST, THRESHOLD, TINY, _kl, _setup
@@ -104,7 +104,7 @@ def test_delta_off_and_the_rounding_threshold_match_a_written_out_forward() -> N
 
 def test_a_train_step_runs_without_the_delta_component() -> None:
     trainer, params, target, tokens = _no_delta()
-    from pd_train.config import StochasticRecon
+    from pd_train.config.pd import StochasticRecon
 
     pd = attrs.evolve(trainer.pd, loss_metrics=(StochasticRecon(coeff=1.0),), steps=2)
     on = Trainer(TINY, attrs.evolve(pd, use_delta_component=True), compiler_options=FAST)
@@ -139,7 +139,7 @@ def test_bad_switch_values_are_refused_by_field_path(
 
 
 def test_terms_of_one_type_report_under_their_names() -> None:
-    from pd_train.config import ChunkwiseSubsetRecon, StochasticRecon
+    from pd_train.config.pd import ChunkwiseSubsetRecon, StochasticRecon
 
     trainer, params, target, tokens = _no_delta()
     terms = (
@@ -206,7 +206,7 @@ def _single_term_loss(term: Any) -> float:
 
 
 def test_static_probability_routing_at_its_ends() -> None:
-    from pd_train.config import StaticProbabilitySubsetRecon, StochasticRecon
+    from pd_train.config.pd import StaticProbabilitySubsetRecon, StochasticRecon
 
     every = _single_term_loss(StochasticRecon(coeff=1.0))
     # p = 1: every site routed everywhere, the same draw keys: the stochastic recon's value.
@@ -266,7 +266,7 @@ def test_bad_static_probability_fields_are_refused_by_field_path(
 
 
 def test_ci_masked_and_unmasked_recon_as_training_terms_match_a_written_out_forward() -> None:
-    from pd_train.config import CIMaskedRecon, UnmaskedRecon
+    from pd_train.config.pd import CIMaskedRecon, UnmaskedRecon
 
     from .test_evaluate import _reference_logits
 

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import yaml
 
-from pd_train._config_io import ConfigError, structure
 from pd_train._forward import CleanRunner, ForwardSpec, masked_forward
-from pd_train.config import DecompositionTarget
+from pd_train.config.io import ConfigError, structure
+from pd_train.config.pd import DecompositionTarget
+from pd_train.config.run import Config, TargetConfig, load_config, target_architecture
 from pd_train.decomposition import build_decomposition
 from pd_train.models import gpt2
 from pd_train.models.hf import load_gpt2_checkpoint, load_qwen2_checkpoint, load_qwen3_checkpoint
 from pd_train.models.llama import forward as llama_forward
-from pd_train.run_config import Config, TargetConfig, load_config, target_architecture
 from pd_train.targets import (
     GPT2Target,
     GPT2TargetConfig,
@@ -74,7 +74,7 @@ def _outside_kind_registered() -> Iterator[None]:
     """The outside kind is registered for this module's tests only: registered at import, it
     would leak into every later walk of the schema (the config reference, the field
     classification) of the whole session."""
-    from pd_train._config_io import tagged_family
+    from pd_train.config.io import tagged_family
     from pd_train.targets import registry
 
     register_target(_OUTSIDE)
@@ -126,7 +126,7 @@ def test_fields_of_one_kind_are_checked_against_that_kind(tmp_path) -> None:
 
 
 def test_the_config_round_trips_through_yaml_with_its_type(tmp_path) -> None:
-    from pd_train.run_config import to_yaml
+    from pd_train.config.run import to_yaml
 
     config, _ = load_config(_run_config(tmp_path, {"type": "qwen3", "checkpoint": "x"}))
     again = yaml.safe_load(to_yaml(config))

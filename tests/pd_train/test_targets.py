@@ -10,7 +10,7 @@ import pytest
 
 from pd_train._forward import CleanRunner, ForwardSpec, masked_forward
 from pd_train.analysis.ground_truth import ground_truth_table
-from pd_train.config import ConfigError, DecompositionTarget
+from pd_train.config.pd import ConfigError, DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.losses.recon import mse_clean_masked
 from pd_train.models.llama_config import LlamaConfig

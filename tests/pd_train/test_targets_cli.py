@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pd_train.cli import main
-from pd_train.toy_cli import is_toy_config, load_toy_config
+from pd_train.cli.toy import is_toy_config, load_toy_config
 
 
 def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pd_train._forward import CleanRunner, ForwardSpec, masked_forward
-from pd_train.config import ConfigError, DecompositionTarget
+from pd_train.config.pd import ConfigError, DecompositionTarget
 from pd_train.decomposition import build_decomposition
 from pd_train.targets.resid_mlp import ResidMLPConfig, ResidMLPTarget, resid_mlp_features
 

@@ -406,7 +406,7 @@ def test_pd_train_run_on_a_pty_without_a_size_writes_plain_lines(
     would load the programs without compiling): each jit is still named beside its time."""
     import shutil
 
-    from pd_train.runtime_env import EXECUTABLES_DIR
+    from pd_train.process_env import EXECUTABLES_DIR
 
     jax_cache = tmp_path / "cache"
     shutil.copytree(cache, jax_cache, ignore=shutil.ignore_patterns(EXECUTABLES_DIR))

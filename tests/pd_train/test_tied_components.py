@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
-from pd_train.config import DecompositionTarget, FaithfulnessWarmup
-from pd_train.step import Trainer
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import DecompositionTarget, FaithfulnessWarmup
 from pd_train.targets.tied import tie_components
 from pd_train.targets.tms import TMSConfig, TMSTarget, sparse_features
 from pd_train.targets.toys import toy_config, toy_weights
+from pd_train.train import Trainer
 
 TOY = toy_config("tms_5_2_fast")
 PD = attrs.evolve(TOY.pd, steps=10, batch_size=32)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd_train.runtime_env import ExecutableCache, program_key, source_digest
+from pd_train.process_env import ExecutableCache, program_key, source_digest
 
 
 def _compiled() -> jax.stages.Compiled:
@@ -89,9 +89,9 @@ def test_a_run_imports_no_orbax_or_matplotlib_before_its_first_step() -> None:
     at the end): orbax costs about a second to import, matplotlib more."""
     code = (
         "import sys\n"
-        "import pd_train.cli, pd_train.run, pd_train.step, pd_train.evaluate, pd_train.flops\n"
-        "import pd_train.data, pd_train.outputs, pd_probe\n"
-        "from pd_train.checkpoints import Checkpoints\n"
+        "import pd_train.cli, pd_train.run, pd_train.train, pd_train.evaluate, pd_train.flops\n"
+        "import pd_train.run.data, pd_train.outputs, pd_probe\n"
+        "from pd_train.run.checkpoints import Checkpoints\n"
         "Checkpoints(sys.argv[1])\n"
         "print(sorted(m for m in ('orbax', 'orbax.checkpoint', 'matplotlib', 'pandas')"
         " if m in sys.modules))\n"
@@ -113,7 +113,7 @@ def test_a_program_from_the_persistent_cache_is_used_but_not_stored(tmp_path: Pa
     compiled in this process enters the executable cache."""
     from jax._src import compilation_cache
 
-    from pd_train.runtime_env import configure_compile_cache
+    from pd_train.process_env import configure_compile_cache
 
     def lowered() -> jax.stages.Lowered:
         def f(x: jax.Array) -> jax.Array:  # a program no other test compiles
@@ -213,7 +213,7 @@ def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_pat
     and their state, the warm-up's init and step) are stored by the first launch and loaded,
     untraced, by the next; the state and warm-up losses equal the plain jits' bit for bit."""
     from pd_train.run import StepProgram
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     from ._pgd import FAST, TINY, T, _pd, _target
 
@@ -271,7 +271,7 @@ def test_the_step_starts_loading_before_the_run_attaches_its_recorder(tmp_path: 
     compile recorder exist: a cached program loads at once, with no recorder; a program that
     must compile waits (untraced) for `attach`, and `cancel` ends that wait."""
     from pd_train.run import StepProgram
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     from ._pgd import FAST, TINY, T, _pd
 

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from pd_train.checkpoints import Checkpoints
 from pd_train.cli import main
+from pd_train.run.checkpoints import Checkpoints
 
 SETS = [
     "--set", "pd.steps=20", "--set", "pd.batch_size=32", "--set", "steps_per_call=5",
@@ -22,10 +22,10 @@ SETS = [
 
 
 def _params(run_dir: Path, step: int) -> list[np.ndarray]:
-    from pd_train.checkpoints import abstract_like
-    from pd_train.step import Trainer
+    from pd_train.cli.toy import load_toy_config, toy_pd_config
+    from pd_train.run.checkpoints import abstract_like
     from pd_train.targets.toys import _training_item, make_target, toy_config
-    from pd_train.toy_cli import load_toy_config, toy_pd_config
+    from pd_train.train import Trainer
 
     raw = load_toy_config(str(run_dir / "config.yaml"))
     trainer = Trainer(make_target(toy_config(raw["toy"])), toy_pd_config(raw))

@@ -11,12 +11,12 @@ import jax
 import numpy as np
 import pytest
 
-from pd_train._config_io import ConfigError
-from pd_train.checkpoints import Checkpoints
-from pd_train.config import FaithfulnessWarmup
-from pd_train.step import Trainer
+from pd_train.cli.toy import load_toy_config
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import FaithfulnessWarmup
+from pd_train.run.checkpoints import Checkpoints
 from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
-from pd_train.toy_cli import load_toy_config
+from pd_train.train import Trainer
 
 TOY = toy_config("tms_5_2_fast")
 PD = attrs.evolve(

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from pd_train._config_io import ConfigError
 from pd_train.analysis.tracking import history, parse_tracking, sync_wandb
 from pd_train.cli import main
+from pd_train.config.io import ConfigError
 from pd_train.outputs import read_metrics
 
 from ._analysis_runs import tiny_runs
@@ -163,7 +163,7 @@ def test_track_without_settings_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_run_config_tracking_errors_name_the_field() -> None:
-    from pd_train.run_config import load_config
+    from pd_train.config.run import load_config
 
     from ._analysis_runs import CONFIG
 

@@ -1,6 +1,6 @@
 """pd-train: stochastic parameter decomposition of Llama-family language models with JAX.
 
-The step API (see ``pd_train.step`` for the key scheme and state layout)::
+The step API (see ``pd_train.train`` for the key scheme and state layout)::
 
     trainer = Trainer(model_config, pd_config, runtime_config, mesh=mesh)
     state = trainer.init_state(key=init_key)
@@ -20,45 +20,45 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "CIConfig": "pd_train.config",
+    "CIConfig": "pd_train.config.pd",
     "CIType": "pd_train.ci",
-    "LossMetric": "pd_train.config",
+    "LossMetric": "pd_train.config.pd",
     "LossTerm": "pd_train.losses",
     "register_ci_type": "pd_train.ci",
     "register_loss_term": "pd_train.losses",
-    "ChunkwiseSubsetRecon": "pd_train.config",
+    "ChunkwiseSubsetRecon": "pd_train.config.pd",
     "Census": "pd_train.flops",
     "MFUMeter": "pd_train.flops",
     "compiled_cost": "pd_train.flops",
     "step_census": "pd_train.flops",
-    "ChunkwiseTransformerCI": "pd_train.config",
-    "GlobalTransformerCI": "pd_train.config",
-    "VectorMLPCI": "pd_train.config",
-    "DecompositionTarget": "pd_train.config",
-    "Faithfulness": "pd_train.config",
-    "FaithfulnessWarmup": "pd_train.config",
-    "ImportanceMinimality": "pd_train.config",
-    "MLPCI": "pd_train.config",
-    "OptimizerConfig": "pd_train.config",
-    "PDConfig": "pd_train.config",
-    "PGDEval": "pd_train.config",
-    "PGDOptimizer": "pd_train.config",
-    "PGDRecon": "pd_train.config",
-    "PersistentPGDRecon": "pd_train.config",
-    "ReconConfig": "pd_train.config",
-    "RematConfig": "pd_train.config",
-    "RuntimeConfig": "pd_train.config",
-    "SharedMLPCI": "pd_train.config",
-    "StochasticRecon": "pd_train.config",
-    "SubsetRecon": "pd_train.config",
-    "FrequencyPenalty": "pd_train.config",
+    "ChunkwiseTransformerCI": "pd_train.config.pd",
+    "GlobalTransformerCI": "pd_train.config.pd",
+    "VectorMLPCI": "pd_train.config.pd",
+    "DecompositionTarget": "pd_train.config.pd",
+    "Faithfulness": "pd_train.config.pd",
+    "FaithfulnessWarmup": "pd_train.config.pd",
+    "ImportanceMinimality": "pd_train.config.pd",
+    "MLPCI": "pd_train.config.pd",
+    "OptimizerConfig": "pd_train.config.pd",
+    "PDConfig": "pd_train.config.pd",
+    "PGDEval": "pd_train.config.pd",
+    "PGDOptimizer": "pd_train.config.pd",
+    "PGDRecon": "pd_train.config.pd",
+    "PersistentPGDRecon": "pd_train.config.pd",
+    "ReconConfig": "pd_train.config.pd",
+    "RematConfig": "pd_train.config.pd",
+    "RuntimeConfig": "pd_train.config.pd",
+    "SharedMLPCI": "pd_train.config.pd",
+    "StochasticRecon": "pd_train.config.pd",
+    "SubsetRecon": "pd_train.config.pd",
+    "FrequencyPenalty": "pd_train.config.pd",
     "Decomposition": "pd_train.decomposition",
     "build_decomposition": "pd_train.decomposition",
     "LlamaConfig": "pd_train.models.llama_config",
-    "GROUPS": "pd_train.step",
-    "TrainState": "pd_train.step",
-    "Trainer": "pd_train.step",
-    "step_key": "pd_train.step",
+    "GROUPS": "pd_train.train",
+    "TrainState": "pd_train.train",
+    "Trainer": "pd_train.train",
+    "step_key": "pd_train.train",
 }
 
 __all__ = [
@@ -106,7 +106,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from pd_train.ci import CIType, register_ci_type
-    from pd_train.config import (
+    from pd_train.config.pd import (
         MLPCI,
         ChunkwiseSubsetRecon,
         ChunkwiseTransformerCI,
@@ -136,7 +136,7 @@ if TYPE_CHECKING:
     from pd_train.flops import Census, MFUMeter, compiled_cost, step_census
     from pd_train.losses import LossTerm, register_loss_term
     from pd_train.models.llama_config import LlamaConfig
-    from pd_train.step import GROUPS, Trainer, TrainState, step_key
+    from pd_train.train import GROUPS, Trainer, TrainState, step_key
 
 
 def __getattr__(name: str) -> Any:

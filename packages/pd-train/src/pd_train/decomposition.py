@@ -26,8 +26,8 @@ from typing import Any
 
 import attrs
 
-from pd_train._config_io import ConfigError
-from pd_train.config import DecompositionTarget
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import DecompositionTarget
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.targets.base import Target, as_target
 

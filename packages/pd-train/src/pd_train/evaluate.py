@@ -376,7 +376,7 @@ class Evaluator:
     ) -> None:
         """Start lowering and compiling the eval jit on the trainer's abstract params, target,
         batch and key (:func:`lower_eval`, the layout the train step leaves the state in) in a
-        background thread. With ``cache`` (a :class:`pd_train.runtime_env.ExecutableCache`) and
+        background thread. With ``cache`` (a :class:`pd_train.process_env.ExecutableCache`) and
         ``key`` the program is loaded from it, or stored in it after the compile
         (``unchanged()``: the traced source is as it was when the key was made). The first call
         waits for the thread; if it failed, or the program refuses the arguments, the jit
@@ -432,7 +432,7 @@ class Evaluator:
         self._ahead = None
         thread.join()
         if result.get("compiled") is not None:
-            from pd_train.runtime_env import ProgramOrJit
+            from pd_train.process_env import ProgramOrJit
 
             self._eval = ProgramOrJit("eval", result["compiled"], self._eval)
         else:

@@ -53,7 +53,7 @@ from typing import Any
 
 import attrs
 
-from pd_train.config import PDConfig
+from pd_train.config.pd import PDConfig
 from pd_train.decomposition import GLOBAL_KINDS, Decomposition, build_decomposition
 from pd_train.models.llama_config import LlamaConfig
 
@@ -660,7 +660,7 @@ def efficiency_report(rows: Iterable[Any]) -> str:
 
 
 def annotate(row: Any, compiled: Any, runtime: Any, prepared: Any) -> None:
-    """Fill a ``pd_train.compile.CompileRow``'s ``cost`` (and, for the train step, ``useful``
+    """Fill a ``pd_train.run.compile.CompileRow``'s ``cost`` (and, for the train step, ``useful``
     and ``devices``) from its compiled program and the run's config."""
     import jax
 
@@ -806,7 +806,7 @@ class MFUMeter:
 
     @classmethod
     def for_trainer(cls, trainer: Any, *, seq_len: int) -> MFUMeter:
-        """The meter of a :class:`pd_train.step.Trainer`'s run."""
+        """The meter of a :class:`pd_train.train.Trainer`'s run."""
         import jax
 
         try:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pd_train.config import OptimizerConfig
+from pd_train.config.pd import OptimizerConfig
 
 __all__ = [
     "clip_by_global_norm",

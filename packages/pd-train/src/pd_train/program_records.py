@@ -2,7 +2,7 @@
 
 Beside the programs it caches, ``pd-train compile`` and ``pd-train run`` keep a small record
 per jit and config in ``<compile cache dir>/program-records/`` (process 0 only): the config's
-structural fields (:mod:`pd_train.hyperparameters`, with the target's resolved architecture),
+structural fields (:mod:`pd_train.config.hyperparameters`, with the target's resolved architecture),
 its value fields, and the environment that enters every cache key (jax, the backend and its
 devices, ``XLA_FLAGS``, pd's source). When a jit misses the cache, the record nearest to this
 run's is found and one line says what differs::
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pd_train import hyperparameters
+from pd_train.config import hyperparameters
 
 __all__ = ["RECORDS_DIR", "Difference", "ProgramRecords", "explaining", "fingerprint"]
 
@@ -58,7 +58,7 @@ def environment() -> dict[str, Any]:
 
     import jax
 
-    from pd_train.runtime_env import source_digest
+    from pd_train.process_env import source_digest
 
     devices = jax.devices()
     return {
@@ -78,7 +78,7 @@ def fingerprint(config: Any, model: Any = None) -> dict[str, dict[str, Any]]:
     structural switch (``pd.components.clip``: null or not) also adds its switch
     (``pd.components.clip is null``) to the structural fields; ``model``: the target's
     resolved architecture (a LlamaConfig), recorded as structural fields too."""
-    from pd_train._config_io import unstructure
+    from pd_train.config.io import unstructure
 
     structural, values = hyperparameters.split_leaves(unstructure(config))
     structural.update(_architecture(model))
@@ -241,7 +241,7 @@ class ProgramRecords:
 
 def _is_data(path: str) -> bool:
     """Whether the concrete value path ``path`` enters every program as data: it is not one of
-    :data:`~pd_train.hyperparameters.CONSTANT_VALUE_FIELDS` (their paths hold no list index, so
+    :data:`~pd_train.config.hyperparameters.CONSTANT_VALUE_FIELDS` (their paths hold no list index, so
     the concrete path is the schema path)."""
     return path not in hyperparameters.CONSTANT_VALUE_FIELDS
 

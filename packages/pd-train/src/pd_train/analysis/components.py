@@ -171,15 +171,15 @@ def analyze_run(
 
     threshold: ci_lower above it counts as active (default: the run's ``pd.l0_threshold``).
     window: context tokens on each side of an activation. placement: this process's
-    :class:`pd_train.distributed.Placement` (default one process): with several, every process
+    :class:`pd_train.run.distributed.Placement` (default one process): with several, every process
     reads its rows of each eval batch into the global batch (as ``pd-train run`` does), and
     every process gets the same table (the caller writes it on process 0 only). Raises
     :class:`AnalysisError` for a run dir without a config or checkpoint, and ``ConfigError``
     for a config it cannot read, before anything is computed.
     """
-    from pd_train.data import Batches, TokenDataset
-    from pd_train.distributed import Placement
     from pd_train.run import CONFIG_FILE, prepare, start_runtime
+    from pd_train.run.data import Batches, TokenDataset
+    from pd_train.run.distributed import Placement
 
     run_dir = Path(run_dir)
     _check_flags(n_batches, top_k, threshold, window)
@@ -237,7 +237,7 @@ def _restore_params(directory: Path, step: int, abstract_params: Any) -> Any:
     ``training`` item, optimizer state included, is not read)."""
     import orbax.checkpoint as ocp
 
-    from pd_train.checkpoints import ITEMS
+    from pd_train.run.checkpoints import ITEMS
 
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(directory.absolute(), options=options, item_names=ITEMS) as manager:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pd_train.outputs._records import (
+from pd_train.outputs.records import (
     KIND_ORDER,
     Record,
     canonical_sites,
@@ -133,7 +133,7 @@ def density_section(records: Sequence[Record], *, threshold: float | None = None
             live = values[values > 0]
             median = f"{np.median(live):.3g}" if live.size else "-"
             rows.append([kind, values.size, *(counts[c] for c in DENSITY_CLASSES), median])
-        from pd_train.outputs._summary import table
+        from pd_train.outputs.summary import table
 
         headers = ["kind", "components", *DENSITY_CLASSES, "median density (alive)"]
         lines += table(headers, rows)

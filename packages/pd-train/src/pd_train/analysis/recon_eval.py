@@ -205,7 +205,7 @@ def _paired_forward(
 
 
 def slow_eval_problems(cadence: Any) -> list[tuple[str, str]]:
-    """Field-path problems of ``cadence.slow_eval_every`` (a :class:`~pd_train.run_config.
+    """Field-path problems of ``cadence.slow_eval_every`` (a :class:`~pd_train.config.run.
     CadenceConfig`): it must be 0, or a multiple of a nonzero ``cadence.eval_every``."""
     every, eval_every = cadence.slow_eval_every, cadence.eval_every
     if not every:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pd_train.analysis.recon_eval import RECON_MASKS
-from pd_train.outputs._records import Record, canonical_sites, last_with_prefix, of_phase
+from pd_train.outputs.records import Record, canonical_sites, last_with_prefix, of_phase
 
 __all__ = ["RECON_PLOT", "plot_recon"]
 

@@ -88,7 +88,7 @@ def _l0_heatmap(records: list[dict[str, Any]]) -> str | None:
     """CI-L0 of every site (rows, canonical order) at every logged train step (columns)."""
     from matplotlib.figure import Figure
 
-    from pd_train.outputs._records import canonical_sites, finite, of_phase
+    from pd_train.outputs.records import canonical_sites, finite, of_phase
 
     train = [r for r in of_phase(records, "train") if any(k.startswith("l0/") for k in r)]
     if not train:
@@ -129,7 +129,7 @@ def _density_histograms(columns: dict[str, list[Any]], meta: dict[str, Any]) -> 
     of dead components (density 0) in each panel's title."""
     from matplotlib.figure import Figure
 
-    from pd_train.outputs._records import KIND_ORDER
+    from pd_train.outputs.records import KIND_ORDER
 
     if not columns["site"]:
         return None

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train._config_io import ConfigError
+from pd_train.config.io import ConfigError
 
 __all__ = [
     "MAX_LOGGED_COMPONENTS",

@@ -67,7 +67,7 @@ class WandbConfig:
 def parse_tracking(raw: Any, *, where: str = "tracking") -> WandbConfig:
     """A :class:`WandbConfig` from ``{"wandb": {project, entity, mode, tags}}``; every problem
     raises ConfigError together, each naming its field path (``tracking.wandb.mode``)."""
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
 
     problems: list[tuple[str, str]] = []
     if not isinstance(raw, Mapping):

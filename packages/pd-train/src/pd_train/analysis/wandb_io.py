@@ -60,7 +60,7 @@ __all__ = [
 log = logging.getLogger("pd_train.analysis")
 
 ARTIFACT_TYPE = "model"
-#: The plots (by function name in :data:`pd_train.outputs._plots.PLOTS`) that show the last
+#: The plots (by function name in :data:`pd_train.outputs.plots.PLOTS`) that show the last
 #: eval: rendered at each eval step. Loss and eval curves are W&B's own line charts.
 EVAL_PLOTS = ("plot_l0", "plot_ci_histograms", "plot_density", "plot_recon")
 #: Where a pulled run dir records what it was pulled from.
@@ -101,7 +101,7 @@ _QUIET = _QuietFigureThread()
 def render_eval_figures(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """The :data:`EVAL_PLOTS` of ``records`` (each shows the last eval among them) as PNGs in
     ``out_dir``; a plot that fails or has no data is skipped (as ``write_plots`` does)."""
-    from pd_train.outputs._plots import PLOTS
+    from pd_train.outputs.plots import PLOTS
 
     plots_log = logging.getLogger("pd_train.outputs")
     if _QUIET not in plots_log.filters:
@@ -123,7 +123,7 @@ def is_eval_figure(name: str) -> bool:
     :func:`render_eval_figures` makes (logged at the evals already)."""
     from pd_train.analysis.density import DENSITY_PLOT
     from pd_train.analysis.recon_plot import RECON_PLOT
-    from pd_train.outputs._plots import CI_HIST, L0_CURVES, L0_PER_SITE
+    from pd_train.outputs.plots import CI_HIST, L0_CURVES, L0_PER_SITE
 
     ci_prefix = CI_HIST.split("{")[0]
     return name in (L0_PER_SITE, L0_CURVES, DENSITY_PLOT, RECON_PLOT) or (

@@ -12,7 +12,7 @@
 
 The interface (:class:`CIFunction`) and what the site-local functions share are in
 ``_base``; the registry (:class:`CIType`, :func:`register_ci_type`) in ``_registry``. Adding a
-type is one new module: its config class (subclassing :class:`pd_train.config.CIConfig`), its
+type is one new module: its config class (subclassing :class:`pd_train.config.pd.CIConfig`), its
 CI function and a registered :class:`CIType` (build, FLOPs, parameter count). All MLPs use the
 exact (erf) GELU.
 """
@@ -29,7 +29,7 @@ from pd_train.ci.mlp import MLPCIFunction
 from pd_train.ci.shared_mlp import SharedMLPCIFunction
 from pd_train.ci.transformer import TransformerCIFunction
 from pd_train.ci.vector_mlp import VectorMLPCIFunction
-from pd_train.config import CIConfig
+from pd_train.config.pd import CIConfig
 from pd_train.decomposition import Decomposition
 
 __all__ = [

@@ -15,7 +15,7 @@ pre-activations [B, T, C] per site; :mod:`pd_train.squash` turns those into ``ci
   forward and hands the CI function every site's input — the clean logits and the CI
   pre-activations ``{kind: [n_k, B, T, C]}``.
 
-:meth:`CIFunction.check` raises :class:`~pd_train.config.ConfigError` (field paths) for a
+:meth:`CIFunction.check` raises :class:`~pd_train.config.pd.ConfigError` (field paths) for a
 decomposition the function cannot serve, before anything compiles.
 """
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 import pd_init
-from pd_train._config_io import ConfigError
+from pd_train.config.io import ConfigError
 from pd_train.decomposition import Decomposition, KindLayout, site_name
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import jax
 
 from pd_train.ci._base import CIFunction
-from pd_train.config import CIConfig, register_ci_config
+from pd_train.config.pd import CIConfig, register_ci_config
 from pd_train.decomposition import Decomposition
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ __all__ = ["CI_TYPES", "CIType", "ci_type", "register_ci_type"]
 
 class CIType:
     """One CI-function type. Subclass it, set :attr:`config_cls` (an attrs class subclassing
-    :class:`pd_train.config.CIConfig`, with a ``type`` tag), implement :meth:`build` and
+    :class:`pd_train.config.pd.CIConfig`, with a ``type`` tag), implement :meth:`build` and
     :meth:`flops`, and register an instance with :func:`register_ci_type`."""
 
     config_cls: ClassVar[type]

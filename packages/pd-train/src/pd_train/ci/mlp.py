@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pd_init
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun, site_inner
 from pd_train.ci._registry import CIType, register_ci_type
-from pd_train.config import MLPCI
+from pd_train.config.pd import MLPCI
 from pd_train.decomposition import KindLayout
 
 if TYPE_CHECKING:

@@ -53,10 +53,10 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 import pd_init
-from pd_train._config_io import ConfigError
 from pd_train.ci._base import CIArray, CleanRun, gelu, he, lecun, rms_normalize
 from pd_train.ci._registry import CIType, register_ci_type
-from pd_train.config import ChunkwiseTransformerCI, GlobalTransformerCI
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import ChunkwiseTransformerCI, GlobalTransformerCI
 from pd_train.decomposition import GLOBAL_KINDS, Decomposition, site_name
 from pd_train.losses.chunk_vjp import scan_map
 from pd_train.models import llama

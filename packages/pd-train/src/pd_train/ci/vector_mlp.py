@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu
 from pd_train.ci._registry import CIType, register_ci_type
 from pd_train.ci.mlp import component_mlp_flops, component_mlp_rest, component_mlp_specs
-from pd_train.config import VectorMLPCI
+from pd_train.config.pd import VectorMLPCI
 from pd_train.decomposition import KindLayout
 
 if TYPE_CHECKING:

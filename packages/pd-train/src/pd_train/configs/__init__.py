@@ -34,7 +34,7 @@ def builtin_toys() -> list[str]:
 
 
 def builtin_config(name: str) -> Path:
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
 
     configs = builtin_configs()
     if name in builtin_toys():

@@ -5,8 +5,8 @@ under its config class's ``type`` tag. It describes itself to the three places t
 know every term by name:
 
 - the config union: registering adds ``config_cls`` to ``pd.loss_metrics``' tagged union
-  (:class:`pd_train.config.LossMetric`), so an unregistered ``type`` is refused at config time;
-- the step (:class:`pd_train.step.Trainer`): :meth:`LossTerm.plan` (its recon plan, built once),
+  (:class:`pd_train.config.pd.LossMetric`), so an unregistered ``type`` is refused at config time;
+- the step (:class:`pd_train.train.Trainer`): :meth:`LossTerm.plan` (its recon plan, built once),
   :attr:`LossTerm.needs_ci`, :meth:`LossTerm.hyperparams` (its scalar hyperparameters, passed
   to the jitted step as data) and :meth:`LossTerm.value`;
 - the FLOP census (:func:`pd_train.flops.step_census`): :meth:`LossTerm.flops`.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 
-from pd_train.config import LossMetric, PDConfig, register_loss_config
+from pd_train.config.pd import LossMetric, PDConfig, register_loss_config
 
 if TYPE_CHECKING:
     from pd_train._forward import ForwardSpec
@@ -181,7 +181,7 @@ def check_one_adversary(pd: Any, decomposition: Any, *, seq_len: int) -> None:
     """The Trainer's rule at config time: at most one ``pd.loss_metrics`` entry keeps persistent
     state in ``TrainState.adversary`` (:meth:`LossTerm.adversary`, asked without a layout).
     ConfigError at ``pd.loss_metrics`` naming the entries."""
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
 
     found = []
     for i, config in enumerate(pd.loss_metrics):

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pd_train.config import CIMaskedRecon
+from pd_train.config.pd import CIMaskedRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.recon import ReconPlan, all_sites_plan, recon_term_value

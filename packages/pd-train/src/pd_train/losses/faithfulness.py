@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train.config import Faithfulness
+from pd_train.config.pd import Faithfulness
 from pd_train.decomposition import Decomposition, site_weights
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from pd_train.config import ImportanceMinimality, PDConfig
+from pd_train.config.pd import ImportanceMinimality, PDConfig
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from pd_train.config import ConfigError, PDConfig, PersistentPGDRecon
+from pd_train.config.pd import ConfigError, PDConfig, PersistentPGDRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.pgd import PersistentPGD, persistent_pgd_hyperparams

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 import pd_init
-from pd_train.config import OptimizerConfig, PersistentPGDRecon, PGDEval, PGDRecon
+from pd_train.config.pd import OptimizerConfig, PersistentPGDRecon, PGDEval, PGDRecon
 from pd_train.decomposition import Decomposition, site_name
 from pd_train.optim import schedule_hyperparams, scheduled_lr
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from pd_train.config import PDConfig, PGDRecon
+from pd_train.config.pd import PDConfig, PGDRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.pgd import FreshPGD

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from pd_train.config import PDConfig, SmoothL0ImportanceMinimality
+from pd_train.config.pd import PDConfig, SmoothL0ImportanceMinimality
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:

@@ -48,7 +48,7 @@ from pd_train._forward import (
     live_site_output,
     loop,
 )
-from pd_train.config import StochasticHiddenActsRecon
+from pd_train.config.pd import StochasticHiddenActsRecon
 from pd_train.decomposition import GLOBAL_KINDS, Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.recon import ReconPlan, all_sites_plan, site_grid

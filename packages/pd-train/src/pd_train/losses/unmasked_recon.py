@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from pd_train.config import UnmaskedRecon
+from pd_train.config.pd import UnmaskedRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.ci_masked_recon import fixed_mask_recon

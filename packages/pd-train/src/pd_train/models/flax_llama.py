@@ -7,7 +7,7 @@ names, shapes and layout, and its ``__call__`` runs that module's functions. So:
     params = model.init(jax.random.key(0), tokens)["params"]   # == llama.init_params' tree
     model.apply({"params": params}, tokens)                    # == llama.forward(params, ...)
 
-and ``params`` is a target the :class:`~pd_train.step.Trainer` takes as it is.
+and ``params`` is a target the :class:`~pd_train.train.Trainer` takes as it is.
 
 Why linen and not nnx (flax 0.12): linen's variables are a plain nested dict of arrays, which is
 exactly pd-train's target tree, so ``init``/``apply`` need no conversion; nnx keeps parameters in

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train._config_io import FieldValueError
+from pd_train.config.io import FieldValueError
 from pd_train.models.hf import CheckpointError, _normalize, _ranges, llama_param_shapes
 from pd_train.models.llama_config import LlamaConfig
 

@@ -41,7 +41,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from pd_train._config_io import FieldValueError
+from pd_train.config.io import FieldValueError
 from pd_train.models.llama import Linear, Lookup, _frozen_lookup, attention
 
 __all__ = ["KINDS", "GPT2Config", "decoder_layer", "embed", "forward", "init_params", "unembed"]

@@ -40,7 +40,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from pd_train._config_io import FieldValueError
+from pd_train.config.io import FieldValueError
 from pd_train.models.gpt2 import GPT2Config
 from pd_train.models.llama_config import LlamaConfig, RopeScaling
 

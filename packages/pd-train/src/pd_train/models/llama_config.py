@@ -1,7 +1,7 @@
 """Architecture hyper-parameters of a Llama-family target, named as Hugging Face names them.
 
 Both classes check themselves on construction (hand-built, from a preset or from a Hugging Face
-``config.json``): a bad value raises :class:`~pd_train._config_io.FieldValueError` naming the
+``config.json``): a bad value raises :class:`~pd_train.config.io.FieldValueError` naming the
 field, the value and what is allowed, instead of failing later inside a traced reshape.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from pd_train._config_io import FieldValueError
+from pd_train.config.io import FieldValueError
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:

@@ -12,15 +12,7 @@ from pd_train.outputs._metrics import (
     to_json_value,
 )
 from pd_train.outputs._plot_workers import PlotWorkers
-from pd_train.outputs._plots import (
-    plot_ci_histograms,
-    plot_eval_curves,
-    plot_l0,
-    plot_loss_curves,
-    write_plots,
-)
 from pd_train.outputs._progress import DEFAULT_KEYS, Progress, format_metrics
-from pd_train.outputs._summary import render_summary
 from pd_train.outputs._terminal import (
     CompileLines,
     Terminal,
@@ -28,6 +20,14 @@ from pd_train.outputs._terminal import (
     format_eval_table,
     labelled,
 )
+from pd_train.outputs.plots import (
+    plot_ci_histograms,
+    plot_eval_curves,
+    plot_l0,
+    plot_loss_curves,
+    write_plots,
+)
+from pd_train.outputs.summary import render_summary
 
 __all__ = [
     "DEFAULT_KEYS",

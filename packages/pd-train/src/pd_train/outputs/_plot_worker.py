@@ -20,7 +20,7 @@ def main() -> int:
     # needs its plots; the run ends a worker through its stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     names = set(sys.argv[1:])
-    # pd's log lines as the run writes them (pd_train.runtime_env.setup_logging, which
+    # pd's log lines as the run writes them (pd_train.process_env.setup_logging, which
     # imports jax).
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s pd %(levelname)s %(message)s"))
@@ -37,7 +37,7 @@ def main() -> int:
         import pd_train.analysis.density
         import pd_train.analysis.recon_plot  # noqa: F401
     from pd_train.outputs._metrics import read_metrics
-    from pd_train.outputs._plots import PLOTS
+    from pd_train.outputs.plots import PLOTS
 
     _draw_once()
 

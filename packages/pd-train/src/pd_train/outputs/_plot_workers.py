@@ -73,7 +73,7 @@ class PlotWorkers:
         if n < 1:
             msg = f"n: got {n}; must be >= 1"
             raise ValueError(msg)
-        from pd_train.outputs._plots import PLOTS
+        from pd_train.outputs.plots import PLOTS
 
         self.started = time.perf_counter()
         #: The plot functions' names each worker renders (it imports only what they need).
@@ -110,7 +110,7 @@ class PlotWorkers:
         """All plots of ``run_dir``'s ``metrics.jsonl`` into ``out_dir``, split among the
         workers; what a worker could not do is rendered here. Never raises for a plot."""
         from pd_train.outputs._metrics import read_metrics
-        from pd_train.outputs._plots import PLOTS
+        from pd_train.outputs.plots import PLOTS
 
         names = [plot.__name__ for plot in PLOTS]
         jobs: list[tuple[subprocess.Popen[str], list[str]]] = []
@@ -185,7 +185,7 @@ def _answer(proc: subprocess.Popen[str], deadline: float) -> dict[str, Any] | No
 
 def _render(records: Any, out_dir: str | Path, names: Sequence[str]) -> list[Path]:
     """The named plots, rendered in this process as :func:`write_plots` does."""
-    from pd_train.outputs._plots import PLOTS
+    from pd_train.outputs.plots import PLOTS
 
     paths: list[Path] = []
     for plot in PLOTS:

@@ -216,7 +216,7 @@ class Terminal:
         processes that inherit it) reaches the terminal as whole lines through :meth:`line`;
         XLA's slow-compile alarm becomes one line of pd's. Needs the default ``stream`` (a
         duplicate of fd 2 taken before)."""
-        from pd_train.compile import _AlarmFilter
+        from pd_train.run.compile import _AlarmFilter
 
         if not self._capture:
             yield

@@ -24,11 +24,11 @@ Modules (private; their public names are re-exported here):
 ``_run_dir.py``        run dir names and files, :func:`resolve_run_dir` (``--run-dir D``)
 ``_lock.py``           :class:`RunDirLock`: the run dir's owner (O_EXCL file + fcntl)
 ``_programs.py``       :class:`StepProgram`: the train step compiled or loaded ahead
-``_signals.py``        :class:`StopSignals`: SIGTERM / Ctrl-C at a step boundary
+``signals.py``        :class:`StopSignals`: SIGTERM / Ctrl-C at a step boundary
 ``_checkpointing.py``  :class:`Saver` (free space, stored config, partial saves removed),
                        :func:`restore_checked` (config drift, arrays against the state)
-``_hooks.py``          :class:`Hook`, :class:`Cadence`, :class:`StepInfo`, one hook per duty
-``_loop.py``           :func:`run_loop`: steps and hooks, nothing else
+``hooks.py``          :class:`Hook`, :class:`Cadence`, :class:`StepInfo`, one hook per duty
+``loop.py``           :func:`run_loop`: steps and hooks, nothing else
 ``_execute.py``        :func:`execute`: the pieces of a run assembled around the loop
 =====================  ======================================================================
 """
@@ -48,22 +48,7 @@ from pd_train.run._checkpointing import (
     training_item,
 )
 from pd_train.run._execute import RunResult, execute
-from pd_train.run._hooks import (
-    PLOT_WORKERS,
-    PLOT_WORKERS_AHEAD_S,
-    Cadence,
-    EvalHook,
-    Hook,
-    LogHook,
-    PlotWorkersHook,
-    SaveHook,
-    StepInfo,
-    StopHook,
-    TraceHook,
-    TrackerHook,
-)
 from pd_train.run._lock import LOCK_FILE, RunDirLock, RunDirLocked
-from pd_train.run._loop import StepFn, run_loop
 from pd_train.run._prepare import Prepared, directory_problem, load_target, prepare, target_dtype
 from pd_train.run._programs import StepProgram, compile_announcer, trainer_program_key
 from pd_train.run._run_dir import (
@@ -79,7 +64,22 @@ from pd_train.run._run_dir import (
     start_run_dir,
 )
 from pd_train.run._runtime import Runtime, configure_cache, start_runtime
-from pd_train.run._signals import EXIT_INTERRUPTED, StopSignals
+from pd_train.run.hooks import (
+    PLOT_WORKERS,
+    PLOT_WORKERS_AHEAD_S,
+    Cadence,
+    EvalHook,
+    Hook,
+    LogHook,
+    PlotWorkersHook,
+    SaveHook,
+    StepInfo,
+    StopHook,
+    TraceHook,
+    TrackerHook,
+)
+from pd_train.run.loop import StepFn, run_loop
+from pd_train.run.signals import EXIT_INTERRUPTED, StopSignals
 
 # The names other modules imported before run.py became this package (kept working).
 _target_dtype = target_dtype

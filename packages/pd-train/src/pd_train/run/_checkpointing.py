@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError
-from pd_train.checkpoints import CheckpointError, Checkpoints, tree_path_name
+from pd_train.config.io import ConfigError
 from pd_train.run._run_dir import config_differences
+from pd_train.run.checkpoints import CheckpointError, Checkpoints, tree_path_name
 
 log = logging.getLogger("pd_train")
 
@@ -358,7 +358,7 @@ def restore_checked(
     array that cannot be read (a truncated file) is a ConfigError naming the checkpoint."""
     import jax
 
-    from pd_train.step import TrainState
+    from pd_train.train import TrainState
 
     point = check_resume(
         checkpoints, config=config, trainer=trainer, allow_config_change=allow_config_change
@@ -392,8 +392,8 @@ def restore_checked(
 
 
 def _check_config(stored: str, config: Any, *, where: str, step: int, allow: bool) -> None:
-    from pd_train._config_io import unstructure
-    from pd_train.run_config import load_config
+    from pd_train.config.io import unstructure
+    from pd_train.config.run import load_config
 
     try:
         saved, _ = load_config(_yaml_dict(stored))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pd_train.config.run import Config, to_yaml
 from pd_train.run._checkpointing import (
     CheckpointWriteError,
     Restored,
@@ -20,7 +21,11 @@ from pd_train.run._checkpointing import (
     replicated,
     restore_checked,
 )
-from pd_train.run._hooks import (
+from pd_train.run._prepare import load_target, target_dtype
+from pd_train.run._programs import StepProgram, compile_announcer
+from pd_train.run._run_dir import COMPILE_FILE, start_run_dir
+from pd_train.run._runtime import Runtime, configure_cache
+from pd_train.run.hooks import (
     EvalHook,
     Hook,
     LogHook,
@@ -30,13 +35,8 @@ from pd_train.run._hooks import (
     TraceHook,
     TrackerHook,
 )
-from pd_train.run._loop import run_loop
-from pd_train.run._prepare import load_target, target_dtype
-from pd_train.run._programs import StepProgram, compile_announcer
-from pd_train.run._run_dir import COMPILE_FILE, start_run_dir
-from pd_train.run._runtime import Runtime, configure_cache
-from pd_train.run._signals import StopSignals, agreed
-from pd_train.run_config import Config, to_yaml
+from pd_train.run.loop import run_loop
+from pd_train.run.signals import StopSignals, agreed
 
 log = logging.getLogger("pd_train")
 
@@ -69,7 +69,7 @@ def execute(
     checkpoint, plots and a summary, and returns normally (``stop_signal`` says which); a
     second Ctrl-C aborts at once (exit 130).
     """
-    from pd_train.checkpoints import Checkpoints
+    from pd_train.run.checkpoints import Checkpoints
 
     config = rt.prepared.config
     checkpoints = Checkpoints(
@@ -355,7 +355,7 @@ def _initial_state(
 
 
 def _batches(rt: Runtime, path: Any, seed: int) -> Any:
-    from pd_train.data import Batches, TokenDataset
+    from pd_train.run.data import Batches, TokenDataset
 
     config = rt.prepared.config
     dataset = TokenDataset(
@@ -382,7 +382,7 @@ def _step_fn(
     import numpy as np
 
     import pd_sharding
-    from pd_train.step import step_key
+    from pd_train.train import step_key
 
     batches = _batches(rt, rt.prepared.data_path, rt.prepared.config.seed)
 
@@ -514,7 +514,7 @@ def _tracker(config: Config, run_dir: Path) -> Any:
 
 
 def _trace_window(config: Config, run_dir: Path) -> Any:
-    from pd_train.runtime_env import TraceWindow
+    from pd_train.process_env import TraceWindow
 
     profile = config.runtime.launch_env.profile
     if profile.trace_start_step is None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError
-from pd_train.run_config import (
+from pd_train.config.io import ConfigError
+from pd_train.config.run import (
     Config,
     absolute_paths,
     load_config,
@@ -46,9 +46,9 @@ def prepare(
     data on disk.
     """
     from pd_train.analysis.statistics import resolve_l0_groups
-    from pd_train.config import check_pd_config
-    from pd_train.data import DataError, TokenDataset
+    from pd_train.config.pd import check_pd_config
     from pd_train.decomposition import build_decomposition
+    from pd_train.run.data import DataError, TokenDataset
 
     config, raw = load_config(source, overrides)
     base = None if isinstance(source, dict) else Path(source).absolute().parent
@@ -84,7 +84,7 @@ def prepare(
     if model is not None and checkpoint is not None and config.target.architecture is not None:
         attempt(lambda: _check_architecture_matches(config.target, model, checkpoint))
     if for_run and model is not None and checkpoint is not None:
-        from pd_train.models._preflight import check_target_checkpoint
+        from pd_train.models.preflight import check_target_checkpoint
 
         attempt(
             lambda: check_target_checkpoint(
@@ -169,7 +169,7 @@ def load_target(prepared: Prepared, *, shardings: Any, dtype: Any) -> Any:
 
 
 def _existing(value: str, where: str, base: Path | None) -> Path:
-    from pd_train._config_io import FieldValueError
+    from pd_train.config.io import FieldValueError
 
     try:
         path = resolve_path(value, base=base)

@@ -18,7 +18,7 @@ class StepProgram:
     key (:meth:`Trainer.lower_step`: the shardings the loop passes) while the main thread loads
     the target, initializes the state and runs the faithfulness warmup; JAX's persistent cache
     applies as before. With the compile cache on (in a single-process run) the compiled
-    program is also kept in an :class:`pd_train.runtime_env.ExecutableCache` beside it, keyed
+    program is also kept in an :class:`pd_train.process_env.ExecutableCache` beside it, keyed
     by the structural fields of the step's configs, pd's source and the environment
     (:func:`trainer_program_key`), so that a later launch loads it without tracing or lowering,
     also one whose config differs in values only (they are the step's arguments). If building fails, or the program refuses the first step's
@@ -42,7 +42,7 @@ class StepProgram:
     ) -> None:
         import threading
 
-        from pd_train.runtime_env import EXECUTABLES_DIR, ExecutableCache, source_digest
+        from pd_train.process_env import EXECUTABLES_DIR, ExecutableCache, source_digest
 
         self.trainer = trainer
         self.target_dtype = target_dtype
@@ -127,7 +127,7 @@ class StepProgram:
             self.error = exc
 
     def _compile(self, key: str) -> None:
-        from pd_train.runtime_env import source_digest
+        from pd_train.process_env import source_digest
 
         lowered = self.trainer.lower_step(
             batch_size=self.trainer.pd.batch_size,
@@ -153,7 +153,7 @@ class StepProgram:
         dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
         if self.cache is None:
             return lambda name, jit, args, kwargs: _Labelled(name, jit)
-        from pd_train.runtime_env import ProgramOrJit, source_digest
+        from pd_train.process_env import ProgramOrJit, source_digest
 
         cache = self.cache
 
@@ -190,7 +190,7 @@ class StepProgram:
     def start_eval(self, evaluator: Any) -> None:
         """Start ``evaluator``'s ahead-of-time compile (:meth:`Evaluator.compile_ahead`), with
         this program's executable cache, source digest and recorder."""
-        from pd_train.runtime_env import source_digest
+        from pd_train.process_env import source_digest
 
         cache, key = self.cache, None
         if cache is not None:
@@ -240,16 +240,16 @@ class StepProgram:
 def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:
     """The executable-cache key of the trainer's program ``name`` (``train_step``,
     ``eval_metrics``, an init jit with its arguments' signature): its static inputs and
-    ``source``, a :func:`pd_train.runtime_env.source_digest`.
+    ``source``, a :func:`pd_train.process_env.source_digest`.
 
     The static inputs are :func:`program_inputs`: the *structural* fields of the trainer's
-    configs (:func:`pd_train.hyperparameters.structural_leaves`), the target's architecture,
+    configs (:func:`pd_train.config.hyperparameters.structural_leaves`), the target's architecture,
     T, compiler options, mesh and target dtype. Value fields (coefficients, lrs and their
     schedules, p, step counts, thresholds) are not part of it: every program takes them as an
     argument (:meth:`pd_train.train.Trainer.hyperparams`, :func:`pd_train.evaluate.eval_hyperparams`,
     the warm-up's lr and weight decay), so a program compiled under one value serves every
     other, called with this trainer's values (tests/pd_train/test_cache_key.py)."""
-    from pd_train.runtime_env import program_key
+    from pd_train.process_env import program_key
 
     return program_key(name, *program_inputs(trainer, target_dtype), source=source)
 
@@ -262,8 +262,8 @@ def program_inputs(trainer: Any, target_dtype: Any) -> list[Any]:
     program never loads for arguments of another structure."""
     import json
 
-    from pd_train import hyperparameters
-    from pd_train._config_io import unstructure
+    from pd_train.config import hyperparameters
+    from pd_train.config.io import unstructure
     from pd_train.evaluate import eval_hyperparams
 
     t = trainer

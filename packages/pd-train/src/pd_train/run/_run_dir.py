@@ -10,9 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError
+from pd_train.config.io import ConfigError
+from pd_train.config.run import Config, load_config
 from pd_train.run._prepare import Prepared
-from pd_train.run_config import Config, load_config
 
 log = logging.getLogger("pd_train")
 
@@ -59,7 +59,7 @@ def resolve_run_dir(prepared: Prepared, run_dir: Path) -> Prepared:
     Every process decides alike: nothing is written into the run dir before all processes have
     joined ``jax.distributed`` (:func:`start_runtime` runs after this).
     """
-    from pd_train._config_io import unstructure
+    from pd_train.config.io import unstructure
 
     if run_dir.exists() and not run_dir.is_dir():
         msg = f"--run-dir {run_dir} is a file, not a directory"
@@ -145,7 +145,7 @@ def keep_compile_record(run_dir: Path) -> None:
 def start_run_dir(run_dir: Path, config: Config, *, resuming: bool) -> None:
     """Process 0's first writes into the run dir: config.yaml (a fresh run), an earlier
     attempt's metrics and compile record moved aside (see :func:`resolve_run_dir`)."""
-    from pd_train.run_config import to_yaml
+    from pd_train.config.run import to_yaml
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming and not (run_dir / CONFIG_FILE).exists():

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError
-from pd_train.distributed import Placement
+from pd_train.config.io import ConfigError
+from pd_train.config.run import Config
 from pd_train.run._prepare import Prepared, target_dtype
 from pd_train.run._programs import StepProgram
-from pd_train.run_config import Config
+from pd_train.run.distributed import Placement
 
 
 @dataclass
@@ -41,8 +41,8 @@ def start_runtime(
     (or waits to compile, see :class:`StepProgram`) in a thread as soon as the trainer exists,
     before the layout checks and the run dir's setup; :func:`execute` takes it over
     (``Runtime.step_program``)."""
-    from pd_train import distributed
-    from pd_train.runtime_env import apply_launch_env
+    from pd_train.process_env import apply_launch_env
+    from pd_train.run import distributed
 
     config = prepared.config
     launch = config.runtime.launch_env
@@ -55,7 +55,7 @@ def start_runtime(
     import jax
 
     import pd_sharding
-    from pd_train.step import Trainer
+    from pd_train.train import Trainer
 
     problems: list[tuple[str, str]] = []
     mesh_config = config.runtime.mesh
@@ -120,7 +120,7 @@ def start_runtime(
 
 
 def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
-    from pd_train.runtime_env import configure_compile_cache
+    from pd_train.process_env import configure_compile_cache
 
     cache = config.runtime.compile_cache
     if disable or not cache.enabled:

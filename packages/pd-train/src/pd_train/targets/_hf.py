@@ -11,7 +11,7 @@ import attrs
 import jax
 import jax.numpy as jnp
 
-from pd_train._config_io import ConfigError, FieldValueError, one_of
+from pd_train.config.io import ConfigError, FieldValueError, one_of
 from pd_train.targets.registry import TargetConfig
 
 __all__ = ["HFDecoderTarget", "HFTargetConfig", "hf_architecture", "hf_shardings"]
@@ -103,8 +103,8 @@ def hf_architecture(
     ``target.architecture``), or the checkpoint's ``config.json`` (errors at
     ``target.checkpoint``). ``from_file(path)``: the architecture of a checkpoint in another
     format (GGUF), or None when ``path`` is not one."""
+    from pd_train.config.run import resolve_path
     from pd_train.models.hf import read_hf_config
-    from pd_train.run_config import resolve_path
 
     arch = config.architecture
     if isinstance(arch, str):

@@ -12,7 +12,7 @@ A :class:`TargetKind` says everything the run needs from a family:
   ``type`` field defaults to the kind's name;
 - ``architecture(config, *, base) -> model``: the hashable architecture the config describes (a
   ``LlamaConfig``, a ``GPT2Config``), read from the config or the checkpoint; errors are
-  :class:`~pd_train._config_io.ConfigError` by field path (``target.checkpoint``). ``base``: the
+  :class:`~pd_train.config.io.ConfigError` by field path (``target.checkpoint``). ``base``: the
   run config's directory;
 - ``load(config, checkpoint, *, shardings, dtype) -> params``: the frozen weights, straight into
   their shardings;
@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from pd_train._config_io import ConfigError, FieldValueError
+from pd_train.config.io import ConfigError, FieldValueError
 
 __all__ = [
     "DEFAULT_KIND",

@@ -54,7 +54,7 @@ class ResidMLPTarget:
     config: ResidMLPConfig
 
     def __attrs_post_init__(self) -> None:
-        from pd_train._config_io import ConfigError
+        from pd_train.config.io import ConfigError
 
         problems = []
         for name in ("n_features", "d_embed", "d_mlp", "n_layers"):

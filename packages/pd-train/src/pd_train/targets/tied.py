@@ -22,7 +22,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from pd_train._config_io import ConfigError
+from pd_train.config.io import ConfigError
 
 __all__ = ["Ties", "decomposition_ties", "tie_components"]
 

@@ -41,7 +41,7 @@ class TMSConfig:
 
 
 def _check_config(config: TMSConfig, path: str) -> None:
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
 
     problems = []
     for name in ("n_features", "n_hidden"):

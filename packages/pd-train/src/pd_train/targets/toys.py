@@ -9,7 +9,7 @@ component per feature: ``identity``; one dense block of k components: ``dense``)
 reference's metrics (:mod:`pd_train.analysis.ground_truth`).
 
 :func:`decompose` trains a decomposition with sparse-feature batches drawn on device from the
-run key, through the same :class:`~pd_train.step.Trainer` step as a Llama target, ``K =
+run key, through the same :class:`~pd_train.train.Trainer` step as a Llama target, ``K =
 steps_per_call`` steps per dispatched program (a ``lax.scan`` over K steps, each drawing its
 batch from the step number): a toy step is microseconds of work, and one dispatch per step cost
 more than the step. Logging, eval and checkpoints keep their cadence (each a multiple of K);
@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pd_train._config_io import ConfigError
 from pd_train._forward import CleanRunner
 from pd_train.analysis.ground_truth import (
     component_neuron_contributions,
@@ -48,7 +47,8 @@ from pd_train.analysis.ground_truth import (
     plot_permuted_ci,
     plot_uv,
 )
-from pd_train.config import (
+from pd_train.config.io import ConfigError
+from pd_train.config.pd import (
     MLPCI,
     ChunkwiseSubsetRecon,
     DecompositionTarget,
@@ -59,10 +59,9 @@ from pd_train.config import (
     PDConfig,
     StochasticRecon,
 )
-from pd_train.run._hooks import Cadence, Hook, StepInfo
-from pd_train.run._loop import run_loop
+from pd_train.run.hooks import Cadence, Hook, StepInfo
+from pd_train.run.loop import run_loop
 from pd_train.squash import lower_leaky_hard
-from pd_train.step import Trainer, TrainState, step_key
 from pd_train.targets.resid_mlp import (
     ResidMLPConfig,
     ResidMLPTarget,
@@ -70,6 +69,7 @@ from pd_train.targets.resid_mlp import (
     resid_mlp_features,
 )
 from pd_train.targets.tms import DataMode, TMSConfig, TMSTarget, pretrain, sparse_features
+from pd_train.train import Trainer, TrainState, step_key
 
 __all__ = [
     "TOYS",
@@ -246,7 +246,7 @@ def decompose(
     ``fold_in(run key, 2)``. ``on_step(i, metrics)`` sees the (host) metrics of the steps i
     with ``i % log_every == 0`` and of the last step; ``on_eval(n, state)`` the state after n
     steps for n a multiple of ``eval_every`` (0: never). ``checkpoints``
-    (:class:`~pd_train.checkpoints.Checkpoints`): saved every ``checkpoint_every`` steps and
+    (:class:`~pd_train.run.checkpoints.Checkpoints`): saved every ``checkpoint_every`` steps and
     at the end; ``resume``: continue from its latest step (same seed, same K: bit-exact).
     ``log_every``, ``eval_every`` and ``checkpoint_every`` must be multiples of K (ConfigError
     naming the field); a last partial call of < K steps runs one step per call.
@@ -281,7 +281,7 @@ def decompose(
     )
     target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
     if resume and checkpoints is not None and checkpoints.latest_step() is not None:
-        from pd_train.checkpoints import abstract_like
+        from pd_train.run.checkpoints import abstract_like
 
         params, training, _ = checkpoints.restore(
             decomposition=abstract_like(state.params), training=abstract_like(_training_item(state))

@@ -12,7 +12,7 @@ import optax
 
 import pd_init
 import pd_sharding
-from pd_train.config import (
+from pd_train.config.pd import (
     RuntimeConfig,
 )
 from pd_train.decomposition import Decomposition, site_name

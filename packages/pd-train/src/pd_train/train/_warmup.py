@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 import pd_sharding
-from pd_train.config import (
+from pd_train.config.pd import (
     PDConfig,
 )
 from pd_train.decomposition import Decomposition, site_weights

@@ -3,7 +3,7 @@
 Keys. The run key is folded with the step number to give the step key
 (:func:`step_key`); the step is a pure function of (state, target, batch, step key). Inside, the
 term key of ``pd.loss_metrics[i]`` is ``fold_in(step_key, i)``; recon terms fold it with the chunk
-number, then the draw number (see :mod:`pd_train.recon` for the folds below that). Nothing else
+number, then the draw number (see :mod:`pd_train.losses.recon` for the folds below that). Nothing else
 is random in the step, so the same run key and data give bit-identical steps.
 
 Parameters (fp32 masters) are ``{"components": {kind: {"V": [n_k, d_in, C], "U": [n_k, C,

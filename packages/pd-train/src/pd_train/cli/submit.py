@@ -36,12 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pd_train._config_io import add_override_argument
+from pd_train.config.io import add_override_argument
 
 if TYPE_CHECKING:
     from pd_launch import JobSpec
-    from pd_train.launch_config import LaunchConfig
-    from pd_train.run_config import Config
+    from pd_train.config.launch import LaunchConfig
+    from pd_train.config.run import Config
 
 __all__ = ["add_parser", "build_job", "job_command", "submit"]
 
@@ -366,9 +366,9 @@ def submit(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     import pd_launch
     from pd_train import run as runner
-    from pd_train._config_io import ConfigError
     from pd_train.cli import config_source
-    from pd_train.run_config import to_yaml
+    from pd_train.config.io import ConfigError
+    from pd_train.config.run import to_yaml
 
     # 1. Everything that can be checked, before anything is written.
     notes: list[str] = []

@@ -13,7 +13,7 @@ again)::
     save_every: 0           # steps between checkpoints (0: at the end, and at a stop, only)
 
 ``target`` describes the shipped weights and must agree with them (it is checked, not applied).
-``pd`` is the toy's recipe (:class:`~pd_train.config.PDConfig`, the same fields as a Llama run's
+``pd`` is the toy's recipe (:class:`~pd_train.config.pd.PDConfig`, the same fields as a Llama run's
 ``pd`` section): what the file or ``--set`` gives replaces the built-in values (``--set
 pd.decomposition_targets[0].C=40``, ``pd.loss_metrics[0].coeff=1e-3``, ``pd.components.lr``),
 and bad fields are named by their path. ``pd-train run`` delegates here when its config
@@ -81,7 +81,7 @@ def is_toy_config(value: str) -> bool:
 def _defaults(name: str) -> dict[str, Any]:
     import attrs
 
-    from pd_train._config_io import unstructure
+    from pd_train.config.io import unstructure
     from pd_train.targets.toys import toy_config
 
     toy = toy_config(name)
@@ -99,10 +99,10 @@ def _defaults(name: str) -> dict[str, Any]:
 
 
 def toy_pd_config(raw: dict[str, Any], *, source: str | None = None) -> Any:
-    """The resolved config's ``pd`` section as a checked :class:`~pd_train.config.PDConfig`
+    """The resolved config's ``pd`` section as a checked :class:`~pd_train.config.pd.PDConfig`
     (its patterns matched against the toy's sites); ConfigError with ``pd.``-paths."""
-    from pd_train._config_io import ConfigError, structure
-    from pd_train.config import PDConfig, check_pd_config
+    from pd_train.config.io import ConfigError, structure
+    from pd_train.config.pd import PDConfig, check_pd_config
     from pd_train.decomposition import build_decomposition
     from pd_train.losses import check_one_adversary
     from pd_train.targets.toys import make_target, toy_config
@@ -132,7 +132,7 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     overrides); ConfigError naming each bad field (``target.type``, ``pd.lr``, ...)."""
     import yaml
 
-    from pd_train._config_io import ConfigError, apply_overrides, seed_problem
+    from pd_train.config.io import ConfigError, apply_overrides, seed_problem
 
     source: str | None = None
     if value.startswith("builtin:"):
@@ -263,7 +263,7 @@ def _toy_progress(terminal: Any, n_steps: int, *, start: int) -> Any:
     step, every ``log_every`` steps, the last), and on a terminal with a size a status-line bar
     redrawn after every call (K steps). A run loop hook."""
     from pd_train.outputs import Progress
-    from pd_train.run._hooks import Hook
+    from pd_train.run.hooks import Hook
 
     class ToyProgress(Hook):
         def __init__(self) -> None:
@@ -304,7 +304,7 @@ def run_toy_cli(
     saved; ``--resume`` continues)."""
     import yaml
 
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
     from pd_train.outputs import Terminal
 
     raw = load_toy_config(value, overrides)
@@ -340,11 +340,11 @@ def _run_toy(
     import numpy as np
 
     from pd_probe import Recorder
-    from pd_train.checkpoints import Checkpoints
-    from pd_train.distributed import Placement
     from pd_train.outputs import MetricsLog
-    from pd_train.run._hooks import StopHook
-    from pd_train.run._signals import StopSignals
+    from pd_train.run.checkpoints import Checkpoints
+    from pd_train.run.distributed import Placement
+    from pd_train.run.hooks import StopHook
+    from pd_train.run.signals import StopSignals
     from pd_train.targets.toys import run_toy
 
     name = raw["toy"]
@@ -468,7 +468,7 @@ def pretrain_toy_cli(
     Xeon). Returns the message and whether they match (True when nothing is shipped yet)."""
     import numpy as np
 
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
     from pd_train.targets.toys import (
         _weights_path,
         flat_weights,
@@ -522,13 +522,13 @@ def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
     """``pd-train compile`` of a toy config: lower and compile the jits a toy run compiles
     (init, optimizer init, the faithfulness warmup if configured, the train step on a batch
     [pd.batch_size, 1, n_features] of fp32 features) on abstract inputs; one
-    :class:`~pd_train.compile.CompileRow` each (no FLOP census: it is Llama-only)."""
+    :class:`~pd_train.run.compile.CompileRow` each (no FLOP census: it is Llama-only)."""
     import jax
     import jax.numpy as jnp
 
-    from pd_train.compile import CompileRow, _memory
-    from pd_train.step import Trainer
+    from pd_train.run.compile import CompileRow, _memory
     from pd_train.targets.toys import make_target, toy_config
+    from pd_train.train import Trainer
 
     raw = load_toy_config(value, overrides)
     pd = toy_pd_config(raw)
@@ -569,9 +569,8 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
     import jax
     import numpy as np
 
-    from pd_train._config_io import ConfigError
-    from pd_train.checkpoints import Checkpoints, abstract_like
-    from pd_train.step import Trainer
+    from pd_train.config.io import ConfigError
+    from pd_train.run.checkpoints import Checkpoints, abstract_like
     from pd_train.targets.toys import (
         _training_item,
         ground_truth_metrics,
@@ -581,6 +580,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         toy_weights,
         write_plots,
     )
+    from pd_train.train import Trainer
 
     run_dir = Path(run_dir)
     raw = load_toy_config(str(run_dir / "config.yaml"))

@@ -1,5 +1,5 @@
 """The run loop: steps from ``start`` to ``end``, the hooks after each (see
-:mod:`pd_train.run._hooks`). It knows nothing of targets, data or files: the step function,
+:mod:`pd_train.run.hooks`). It knows nothing of targets, data or files: the step function,
 the hooks and the first state come in as arguments, so a toy run and a Llama run share it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pd_train.run._hooks import Hook, StepInfo
+from pd_train.run.hooks import Hook, StepInfo
 
 #: ``step_fn(state, step) -> (state, metrics)``: runs step ``step`` (0-based) on its batch.
 #: With ``steps_per_call`` K > 1: ``step_fn(state, step, n) -> (state, metrics)`` runs the n

@@ -41,7 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import add_override_argument
+from pd_train.config.io import add_override_argument
 from pd_train.run import COMPILE_FILE, Prepared
 
 __all__ = [
@@ -85,7 +85,7 @@ class ProbeInputError(ValueError):
 
 def validator(*, for_run: bool = False) -> Callable[[dict[str, Any]], Prepared]:
     """pd-train's schema as pd-probe's ``validate``: ``prepare(raw, for_run=…)``, raising
-    :class:`~pd_train._config_io.ConfigError` with field paths. ``for_run=True`` (steps mode)
+    :class:`~pd_train.config.io.ConfigError` with field paths. ``for_run=True`` (steps mode)
     also checks that the weights and token files exist."""
     from pd_train.run import prepare
 
@@ -101,7 +101,7 @@ def load_base(
     """Validate the base config and return its fully populated raw form (every field, defaults
     filled in, so that an override path exists exactly when the schema has that field) and the
     prepared config the override builders read."""
-    from pd_train._config_io import unstructure
+    from pd_train.config.io import unstructure
     from pd_train.run import prepare
 
     prepared = prepare(source, overrides, for_run=for_run)
@@ -116,7 +116,7 @@ def _decomposition(prepared: Prepared) -> Any:
 
 def _chunkwise_terms(prepared: Prepared) -> list[tuple[int, int]]:
     """(index in pd.loss_metrics, sites_per_chunk) of every chunkwise subset recon term."""
-    from pd_train.config import ChunkwiseSubsetRecon
+    from pd_train.config.pd import ChunkwiseSubsetRecon
 
     return [
         (i, term.sites_per_chunk)
@@ -203,7 +203,7 @@ def chunks_overrides(prepared: Prepared, k: int) -> dict[str, Any]:
     (``sites_per_chunk = ceil(sites / k)``; the last chunk may be smaller). A ``subset_recon``
     term (all sites in one forward) becomes the chunked ``chunkwise_subset_recon`` with the
     same coeff and n_samples."""
-    from pd_train.config import SubsetRecon
+    from pd_train.config.pd import SubsetRecon
 
     n_sites = len(_decomposition(prepared).sites)
     terms = _chunkwise_terms(prepared)
@@ -652,7 +652,7 @@ def probe(args: argparse.Namespace) -> int:
         run_probe,
         write_report,
     )
-    from pd_train._config_io import ConfigError
+    from pd_train.config.io import ConfigError
 
     if args.max_steps < 1:
         return _fail(f"--max-steps {args.max_steps}: must be at least 1")
@@ -752,7 +752,7 @@ def probe(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pd_train.probe_cli [CONFIG] [options]``: the same as ``pd-train probe``."""
+    """``python -m pd_train.cli.probe [CONFIG] [options]``: the same as ``pd-train probe``."""
     parser = argparse.ArgumentParser(prog="pd-train")
     add_parser(parser.add_subparsers(dest="command", required=True))
     return probe(parser.parse_args(["probe", *(sys.argv[1:] if argv is None else argv)]))

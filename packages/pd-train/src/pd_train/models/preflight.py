@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pd_train._config_io import ConfigError
+from pd_train.config.io import ConfigError
 from pd_train.models.hf import CheckpointError
 
 __all__ = ["check_target_checkpoint"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pd_train.distributed import Placement
+from pd_train.run.distributed import Placement
 
 MEMORY_FIELDS = (
     "argument_size_in_bytes",

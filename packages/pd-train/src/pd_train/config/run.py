@@ -1,7 +1,7 @@
 """The whole run config: YAML → frozen attrs classes → validated, all before anything runs.
 
 Sections: ``run_name``, ``seed``, ``output_dir``, ``target``, ``data``, ``pd`` (the
-decomposition and its training, :class:`~pd_train.config.PDConfig`), ``cadence`` and ``runtime``.
+decomposition and its training, :class:`~pd_train.config.pd.PDConfig`), ``cadence`` and ``runtime``.
 :func:`load_config` reads YAML, applies ``--set PATH=VALUE`` overrides, structures through the
 one strict converter and runs :func:`validate`, which checks everything that can be known
 before a device is touched: patterns match sites, C and batch divide the mesh axes, files exist,
@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import attrs
 
-from pd_train import _config_io
-from pd_train._config_io import ConfigError, FieldValueError, non_negative, positive, valid_seed
-from pd_train.config import PDConfig, RuntimeConfig
-from pd_train.launch_config import LaunchConfig
+from pd_train.config import io as _config_io
+from pd_train.config.io import ConfigError, FieldValueError, non_negative, positive, valid_seed
+from pd_train.config.launch import LaunchConfig
+from pd_train.config.pd import PDConfig, RuntimeConfig
 from pd_train.models.llama_config import LLAMA_PRESETS
 from pd_train.targets.registry import TargetConfig
 

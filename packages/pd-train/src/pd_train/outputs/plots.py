@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from pd_train.outputs._records import (
+from pd_train.outputs.records import (
     KIND_ORDER,
     Record,
     canonical_sites,

@@ -1,6 +1,6 @@
 """Which config fields change the compiled programs (*structural*) and which are *values*.
 
-Every field of the run config (:class:`pd_train.run_config.Config`) is in exactly one of three
+Every field of the run config (:class:`pd_train.config.run.Config`) is in exactly one of three
 lists (a test walks the schema and fails on a field in none or in two, so a new field must be
 classified here):
 
@@ -439,7 +439,7 @@ def classify(path: str) -> FieldClass:
     try:
         return _BY_PATH[path]
     except KeyError:
-        msg = f"{path!r} is not a classified config field (pd_train.hyperparameters.FIELDS)"
+        msg = f"{path!r} is not a classified config field (pd_train.config.hyperparameters.FIELDS)"
         raise KeyError(msg) from None
 
 
@@ -558,7 +558,7 @@ def _walk(cls: type, prefix: str) -> Iterator[str]:
 
 def schema_paths() -> list[str]:
     """Every leaf of the run config's schema, as a schema path."""
-    from pd_train.run_config import Config
+    from pd_train.config.run import Config
 
     return list(_walk(Config, ""))
 

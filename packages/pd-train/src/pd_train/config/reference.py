@@ -7,7 +7,7 @@ its place in the YAML. Tagged unions (``type: ...``) get one section per member.
 
 Regenerate after changing the schema (a test fails while the committed file is out of date)::
 
-    python -m pd_train.configs.reference --write
+    python -m pd_train.config.reference --write
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ REFERENCE_FILE = (
 
 def root_config_class() -> type:
     """The run config's root attrs class."""
-    from pd_train.run_config import Config
+    from pd_train.config.run import Config
 
     return Config
 
@@ -269,7 +269,7 @@ def render_reference(root: type | None = None) -> str:
         "# Config reference",
         "",
         "Every field of a `pd-train run` config, generated from the schema by",
-        "`python -m pd_train.configs.reference --write` (do not edit by hand; a test fails while",
+        "`python -m pd_train.config.reference --write` (do not edit by hand; a test fails while",
         "this file is out of date). A section per class, titled by where it sits in the YAML;",
         "`[]` is an item of a list. Unknown keys are errors. `pd-train config CONFIG` prints a",
         "config with every default filled in.",
@@ -280,7 +280,7 @@ def render_reference(root: type | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pd_train.configs.reference", description=__doc__.splitlines()[0]
+        prog="python -m pd_train.config.reference", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--write", action="store_true", help=f"write {REFERENCE_FILE} instead of printing"

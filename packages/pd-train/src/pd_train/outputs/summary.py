@@ -12,7 +12,7 @@ import numpy as np
 
 from pd_train.outputs._metrics import METRICS_FILE
 from pd_train.outputs._progress import format_duration
-from pd_train.outputs._records import (
+from pd_train.outputs.records import (
     KIND_ORDER,
     Record,
     canonical_sites,

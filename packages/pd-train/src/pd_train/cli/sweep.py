@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pd_train._config_io import ConfigError, add_override_argument, parse_override, parse_path
+from pd_train.config.io import ConfigError, add_override_argument, parse_override, parse_path
 
 __all__ = ["Point", "add_parser", "parse_grid", "plan_points", "structural_notes", "sweep"]
 
@@ -202,7 +202,7 @@ def plan_points(sets: Sequence[str], grids: Sequence[str]) -> list[Point]:
 def structural_notes(points: Sequence[Point], raw: Any) -> list[str]:
     """One line per grid over a structural field (docs/hyperparameters.md): allowed, but each
     of its values compiles its own programs (a grid over values alone compiles once)."""
-    from pd_train.hyperparameters import leaf_class
+    from pd_train.config.hyperparameters import leaf_class
 
     notes = []
     for path, _ in points[0].grid if points else ():
@@ -229,7 +229,7 @@ def _validate(source: str | Path, points: Sequence[Point], *, slurm: bool) -> li
         try:
             p = runner.prepare(source, point.overrides, for_run=True)
             if slurm:
-                from pd_train.launch_cli import _launch_problems
+                from pd_train.cli.submit import _launch_problems
 
                 launch = _launch_problems(p.config)
                 if launch:
@@ -280,7 +280,7 @@ def _write_sweep_dir(
 ) -> None:
     """Fill a hidden temporary directory beside ``sweep_dir``, then rename it into place."""
     from pd_train import run as runner
-    from pd_train.run_config import to_yaml
+    from pd_train.config.run import to_yaml
 
     sweep_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = sweep_dir.with_name(f".{sweep_dir.name}.preparing-{uuid.uuid4().hex[:8]}")
@@ -423,10 +423,10 @@ def _run_points(sweep_dir: Path, points: Sequence[Point], *, max_steps: int | No
 
 def array_job(config: Any, sweep_dir: Path, points: Sequence[Point], *, chdir: Path) -> Any:
     """The pd-launch job: one array task per point; task i runs ``point-i`` as ``pd-train
-    submit``'s job runs its run dir (``pd_train.launch_cli.job_command``)."""
+    submit``'s job runs its run dir (``pd_train.cli.submit.job_command``)."""
     import attrs
 
-    from pd_train.launch_cli import build_job, job_command
+    from pd_train.cli.submit import build_job, job_command
 
     base = build_job(config, sweep_dir, chdir=chdir)
     dirs = " ".join(shlex.quote(str(sweep_dir / p.name)) for p in points)

@@ -41,7 +41,7 @@ def _add_config_args(parser: argparse.ArgumentParser, *, optional: bool = False)
         default=DEFAULT_CONFIG if optional else None,
         help="YAML config (builtin:default names the embedded tiny decomposition)",
     )
-    from pd_train._config_io import add_override_argument  # cattrs, yaml: after a relaunch
+    from pd_train.config.io import add_override_argument  # cattrs, yaml: after a relaunch
 
     add_override_argument(parser)
 
@@ -138,17 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", type=Path, help="write per-jit compile records (JSON) here")
     _add_device_args(p)
 
-    from pd_train import launch_cli, probe_cli
+    from pd_train.cli import probe as probe_cli
+    from pd_train.cli import submit as launch_cli
 
     launch_cli.add_parser(sub)
-    from pd_train import sweep
+    from pd_train.cli import sweep
 
     sweep.add_parser(sub)
     probe_cli.add_parser(sub)
-    from pd_train import analyze_cli
+    from pd_train.cli import analyze as analyze_cli
 
     analyze_cli.add_parsers(sub)
-    from pd_train import tokenize_cli
+    from pd_train.cli import tokenize as tokenize_cli
 
     tokenize_cli.add_parser(sub)
     return parser
@@ -217,8 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-    from pd_train._config_io import ConfigError
-    from pd_train.runtime_env import setup_logging
+    from pd_train.config.io import ConfigError
+    from pd_train.process_env import setup_logging
 
     setup_logging()
     handlers = {
@@ -272,14 +273,14 @@ def exit_now(code: int, *, force: bool = False) -> None:
 
 
 def is_toy_config(value: str) -> bool:
-    """Whether ``value`` names a toy (:func:`pd_train.toy_cli.is_toy_config`). A shipped
+    """Whether ``value`` names a toy (:func:`pd_train.cli.toy.is_toy_config`). A shipped
     config (``builtin:default``) is answered without importing the toy module, which imports
     scipy (~1.5 s before the first step); no toy shares a shipped config's name."""
     from pd_train.configs import builtin_configs
 
     if value.startswith("builtin:") and value.removeprefix("builtin:") in builtin_configs():
         return False
-    from pd_train import toy_cli
+    from pd_train.cli import toy as toy_cli
 
     return toy_cli.is_toy_config(value)
 
@@ -306,13 +307,13 @@ def config_source(value: str) -> str | Path:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from pd_train.config.run import to_yaml
     from pd_train.run import prepare
-    from pd_train.run_config import to_yaml
 
     if is_toy_config(args.config):  # the toy's resolved config, checked as `run` checks it
         import yaml
 
-        from pd_train import toy_cli
+        from pd_train.cli import toy as toy_cli
 
         raw = toy_cli.load_toy_config(args.config, args.overrides)
         print(yaml.safe_dump(raw, sort_keys=False), end="")
@@ -323,7 +324,7 @@ def _config(args: argparse.Namespace) -> int:
     prepared = prepare(source, args.overrides, for_run=False)
     config = prepared.config
     if not isinstance(source, dict):
-        from pd_train.run_config import load_config
+        from pd_train.config.run import load_config
 
         config, _ = load_config(source, args.overrides)
     print(to_yaml(config), end="")
@@ -332,8 +333,8 @@ def _config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from pd_train import run as runner
-    from pd_train._config_io import ConfigError
-    from pd_train.distributed import DistributedError, placement_from_flags
+    from pd_train.config.io import ConfigError
+    from pd_train.run.distributed import DistributedError, placement_from_flags
 
     resume = args.resume
     if args.allow_config_change and resume is None:
@@ -350,7 +351,7 @@ def _run(args: argparse.Namespace) -> int:
         if not Path(source).is_file():
             return _fail(f"--resume {resume}: no {runner.CONFIG_FILE} there; not a run dir")
         if is_toy_config(str(source)):  # a toy run dir: the toy runner resumes it
-            from pd_train import toy_cli
+            from pd_train.cli import toy as toy_cli
 
             if not (resume / "checkpoints").is_dir():
                 return _fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
@@ -363,7 +364,7 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
     else:
         if is_toy_config(args.config):  # builtin:tms_5_2: the toy runner, not run.py
-            from pd_train import toy_cli
+            from pd_train.cli import toy as toy_cli
 
             if args.distributed != "none":
                 return _fail("a toy run is one process; leave --distributed out")
@@ -415,10 +416,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from pd_train._output_paths import file_problem
-    from pd_train.compile import compile_all, format_compile_table
+    from pd_train.run.compile import compile_all, format_compile_table
 
     if args.config is not None and is_toy_config(args.config):  # builtin:tms_5_2
-        from pd_train import toy_cli
+        from pd_train.cli import toy as toy_cli
 
         if args.record is not None:
             return _fail("--record is not supported for a toy config")
@@ -434,7 +435,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from pd_train import toy_cli
+    from pd_train.cli import toy as toy_cli
 
     if args.check and args.out is not None:
         return _fail("--check writes nothing; leave --out out")
@@ -450,49 +451,49 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from pd_train import launch_cli
+    from pd_train.cli import submit as launch_cli
 
     return launch_cli.submit(args)
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from pd_train import sweep
+    from pd_train.cli import sweep
 
     return sweep.sweep(args)
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from pd_train import probe_cli
+    from pd_train.cli import probe as probe_cli
 
     return probe_cli.probe(args)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from pd_train import tokenize_cli
+    from pd_train.cli import tokenize as tokenize_cli
 
     return tokenize_cli.tokenize(args)
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
+    from pd_train.cli import analyze as analyze_cli
 
     return analyze_cli.analyze(args)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
+    from pd_train.cli import analyze as analyze_cli
 
     return analyze_cli.report(args)
 
 
 def _track(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
+    from pd_train.cli import analyze as analyze_cli
 
     return analyze_cli.track(args)
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from pd_train import analyze_cli
+    from pd_train.cli import analyze as analyze_cli
 
     return analyze_cli.pull(args)
 

@@ -166,7 +166,7 @@ def _report_out_problem(run_dir: Path, out: Path | None) -> str | None:
 
 def analyze(args: argparse.Namespace) -> int:
     from pd_train.analysis import AnalysisError, analysis_path, analyze_run, write_table
-    from pd_train.distributed import DistributedError, placement_from_flags
+    from pd_train.run.distributed import DistributedError, placement_from_flags
 
     try:
         placement = placement_from_flags(args)
@@ -175,11 +175,11 @@ def analyze(args: argparse.Namespace) -> int:
     args.run_dir = _run_dir(args.run_dir)
     if args.run_dir is None:
         return 2
-    from pd_train.toy_cli import is_toy_run_dir
+    from pd_train.cli.toy import is_toy_run_dir
 
     if is_toy_run_dir(args.run_dir):  # the ground-truth metrics and plots at a checkpoint
-        from pd_train._config_io import ConfigError
-        from pd_train.toy_cli import analyze_toy
+        from pd_train.cli.toy import analyze_toy
+        from pd_train.config.io import ConfigError
 
         try:
             _, text = analyze_toy(args.run_dir, checkpoint=args.checkpoint)

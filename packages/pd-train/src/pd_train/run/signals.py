@@ -8,7 +8,7 @@ import os
 import signal
 from typing import Any
 
-from pd_train.distributed import Placement
+from pd_train.run.distributed import Placement
 
 log = logging.getLogger("pd_train")
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import attrs
 
 from pd_launch import time_limit_seconds
-from pd_train._config_io import FieldValueError, non_negative, one_of, positive
+from pd_train.config.io import FieldValueError, non_negative, one_of, positive
 
 __all__ = ["LaunchConfig"]
 

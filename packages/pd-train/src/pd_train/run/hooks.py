@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pd_train.distributed import Placement
 from pd_train.run._checkpointing import Saver
-from pd_train.run._signals import StopSignals, agreed
+from pd_train.run.distributed import Placement
+from pd_train.run.signals import StopSignals, agreed
 
 log = logging.getLogger("pd_train")
 

@@ -45,9 +45,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def tokenize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pd_train._config_io import FieldValueError
-    from pd_train.run_config import resolve_path
-    from pd_train.tokenizer import TokenizerError, tokenize_files
+    from pd_train.config.io import FieldValueError
+    from pd_train.config.run import resolve_path
+    from pd_train.models.tokenizer import TokenizerError, tokenize_files
 
     try:
         checkpoint = resolve_path(args.checkpoint)

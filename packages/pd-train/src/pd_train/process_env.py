@@ -135,7 +135,7 @@ def source_digest() -> str:
 
 
 #: JAX options that say where and when programs are cached, not what they compute
-#: (``runtime.compile_cache.*`` is *outside* the programs, :mod:`pd_train.hyperparameters`):
+#: (``runtime.compile_cache.*`` is *outside* the programs, :mod:`pd_train.config.hyperparameters`):
 #: left out of :func:`program_key`, so that the same program keeps its key whatever the cache's
 #: directory or thresholds.
 UNKEYED_JAX_OPTIONS = frozenset(

@@ -1,10 +1,10 @@
 """What the train step needs from a config: plain frozen attrs classes, no I/O.
 
 YAML loading, ``--set`` overrides and whole-config validation live elsewhere (one cattrs
-converter, ``pd_train._config_io``); unions here are discriminated by a ``type`` field so that
+converter, ``pd_train.config.io``); unions here are discriminated by a ``type`` field so that
 converter can structure them. The checks the step itself relies on (patterns, chunk sizes) are
 functions in :mod:`pd_train.decomposition` and :func:`check_pd_config`, raising
-:class:`~pd_train._config_io.ConfigError` with field paths like ``pd.loss_metrics[1].coeff``.
+:class:`~pd_train.config.io.ConfigError` with field paths like ``pd.loss_metrics[1].coeff``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
-from pd_train._config_io import (
+from pd_train.config.io import (
     ConfigError,
     FieldValueError,
     in_half_open,
@@ -68,7 +68,7 @@ __all__ = [
 
 
 def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:  # type: ignore[type-arg]
-    from pd_train._config_io import FieldValueError
+    from pd_train.config.io import FieldValueError
 
     if not value or not all(isinstance(v, int) and v > 0 for v in value):
         msg = f"got {list(value)!r}; must be a non-empty list of positive ints (the hidden widths)"
@@ -76,7 +76,7 @@ def _positive_ints(_instance: object, attribute: attrs.Attribute, value: tuple[i
 
 
 def _term_name(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:  # type: ignore[type-arg]
-    from pd_train._config_io import FieldValueError
+    from pd_train.config.io import FieldValueError
 
     if value is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
         msg = (
@@ -664,8 +664,8 @@ class MeshConfig:
 
 
 def _allowed_xla_caches(_instance: object, attribute: attrs.Attribute, value: str | None) -> None:  # type: ignore[type-arg]
-    from pd_train._config_io import FieldValueError
-    from pd_train.runtime_env import REFUSED_XLA_CACHES
+    from pd_train.config.io import FieldValueError
+    from pd_train.process_env import REFUSED_XLA_CACHES
 
     if value in REFUSED_XLA_CACHES:
         raise FieldValueError(attribute.name, f"got {value!r}: {REFUSED_XLA_CACHES[value]}")
