@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from pd_train import _moved  # old module paths import, with a warning
+
+_moved.install()
+
 _EXPORTS = {
     "CIConfig": "pd_train.config.pd",
     "CIType": "pd_train.ci",
