@@ -22,7 +22,8 @@ from pd_train.squash import lower_leaky_hard
 from pd_train.train import Trainer
 
 from ._cli import tiny_config, write_config
-from .test_evaluate import FAST, THRESHOLD, TINY, _kl, _setup
+from ._evaluate import THRESHOLD, TINY, _kl, _setup
+from ._tiny import FAST
 
 ROUNDING = 0.5
 
@@ -268,7 +269,7 @@ def test_bad_static_probability_fields_are_refused_by_field_path(
 def test_ci_masked_and_unmasked_recon_as_training_terms_match_a_written_out_forward() -> None:
     from pd_train.config.pd import CIMaskedRecon, UnmaskedRecon
 
-    from .test_evaluate import _reference_logits
+    from ._evaluate import _reference_logits
 
     base, params, target, batches = _setup()
     tokens = jnp.asarray(batches.batch(0).astype(np.int32))
