@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from pd_train.flops import CompiledCost
+from pd_train.outputs import xla_slow_compile_alarm_replaced
 from pd_train.run.compile import (
     REFERENCE_GPU,
     CompileRow,
     Device,
     format_compile_table,
     format_flops,
-    xla_slow_compile_alarm_replaced,
 )
 
 GIB = 2**30

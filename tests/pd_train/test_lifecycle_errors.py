@@ -252,12 +252,12 @@ def test_ctrl_c_before_the_step_loop_is_one_line_and_exit_130(
 ) -> None:
     """Ctrl-C while the config loads or the runtime starts (before the loop's handler, which
     saves first): one line, no traceback, the interrupted exit code."""
-    import pd_train.cli as cli
+    from pd_train.cli import config as config_command
 
     def interrupted(_args: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_config", interrupted)
+    monkeypatch.setattr(config_command, "config", interrupted)
     assert main(["config"]) == 130
     err = capsys.readouterr().err
     assert err == "pd-train: interrupted (Ctrl-C)\n"

@@ -48,7 +48,7 @@ def add_parsers(subparsers: Any) -> None:
         metavar="FILE",
         help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
     )
-    from pd_train.cli import positive_int
+    from pd_train.cli._common import positive_int
 
     p.add_argument(
         "--simulate-devices", type=positive_int, metavar="N", help="N >= 1 simulated CPU devices"
@@ -322,7 +322,7 @@ def _empty_run_warning(run_dir: Path) -> str | None:
     has_checkpoint = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
     if has_records or has_checkpoint or (run_dir / "summary.txt").is_file():
         return None
-    from pd_train.cli import restart_hint
+    from pd_train.cli._common import restart_hint
 
     return (
         f"{run_dir} holds no metrics, summary or checkpoint yet, so the page shows only its "

@@ -494,7 +494,7 @@ class SlurmLauncher:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``probe`` on the ``pd-train`` subparsers."""
-    from pd_train.cli import positive_int
+    from pd_train.cli._common import positive_int
 
     p = subparsers.add_parser(
         "probe",

@@ -366,7 +366,7 @@ def submit(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     import pd_launch
     from pd_train import run as runner
-    from pd_train.cli import config_source
+    from pd_train.cli._common import config_source
     from pd_train.config.io import ConfigError
     from pd_train.config.run import to_yaml
 

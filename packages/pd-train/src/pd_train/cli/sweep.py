@@ -394,7 +394,7 @@ def _wait_for(command: list[str]) -> tuple[int, bool]:
 
 
 def _run_points(sweep_dir: Path, points: Sequence[Point], *, max_steps: int | None) -> int:
-    from pd_train.cli import EXIT_INTERRUPTED
+    from pd_train.cli._common import EXIT_INTERRUPTED
 
     status: dict[int, str] = {}
     code = 0
@@ -486,7 +486,7 @@ def _submit_array(
 
 def sweep(args: argparse.Namespace) -> int:
     from pd_train import run as runner
-    from pd_train.cli import config_source, is_toy_config
+    from pd_train.cli._common import config_source, is_toy_config
 
     if is_toy_config(args.config):
         msg = (

@@ -3,6 +3,7 @@
 No jax import: values from the step are converted with ``numpy.asarray``.
 """
 
+from pd_train.outputs._alarm import AlarmFilter, xla_slow_compile_alarm_replaced
 from pd_train.outputs._attempts import earlier_device_count, resume_device_warning
 from pd_train.outputs._metrics import (
     METRICS_FILE,
@@ -32,6 +33,7 @@ from pd_train.outputs.summary import render_summary
 __all__ = [
     "DEFAULT_KEYS",
     "METRICS_FILE",
+    "AlarmFilter",
     "CompileLines",
     "MetricsError",
     "MetricsLog",
@@ -52,4 +54,5 @@ __all__ = [
     "resume_device_warning",
     "to_json_value",
     "write_plots",
+    "xla_slow_compile_alarm_replaced",
 ]

@@ -216,7 +216,7 @@ class Terminal:
         processes that inherit it) reaches the terminal as whole lines through :meth:`line`;
         XLA's slow-compile alarm becomes one line of pd's. Needs the default ``stream`` (a
         duplicate of fd 2 taken before)."""
-        from pd_train.run.compile import _AlarmFilter
+        from pd_train.outputs._alarm import AlarmFilter
 
         if not self._capture:
             yield
@@ -234,7 +234,7 @@ class Terminal:
             self.line(raw.decode(errors="replace"))
 
         def forward() -> None:
-            alarm = _AlarmFilter(write, self._alarm_line)
+            alarm = AlarmFilter(write, self._alarm_line)
             with os.fdopen(read_end, "rb", buffering=0) as pipe:
                 pending = b""
                 while chunk := pipe.read(65536):
