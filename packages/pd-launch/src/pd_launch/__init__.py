@@ -46,8 +46,6 @@ from pd_launch._job import (
     time_limit_seconds,
 )
 from pd_launch._slurm import (
-    FINAL_STATES,
-    JobStatus,
     PreparedSubmission,
     Submission,
     cancel,
@@ -57,6 +55,7 @@ from pd_launch._slurm import (
     submit,
     wait,
 )
+from pd_launch._status import FINAL_STATES, JobStatus
 
 __version__ = "0.1.0"
 

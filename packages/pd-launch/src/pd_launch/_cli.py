@@ -23,7 +23,6 @@ from pd_launch._errors import (
 )
 from pd_launch._io import job_from_dict, job_to_dict, load_job
 from pd_launch._slurm import (
-    JobStatus,
     cancel,
     check_seconds,
     job_status,
@@ -31,6 +30,7 @@ from pd_launch._slurm import (
     submit,
     wait,
 )
+from pd_launch._status import JobStatus
 
 # Exit codes (also in the README and --help).
 EXIT_OK = 0

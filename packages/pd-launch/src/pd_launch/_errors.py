@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pd_launch._slurm import JobStatus
+    from pd_launch._status import JobStatus
 
 
 class LaunchError(Exception):
