@@ -7,12 +7,13 @@ targets ``TMSTarget`` and ``ResidMLPTarget`` implement :class:`Target` too; thei
 ground-truth metrics live in :mod:`pd_train.targets.toys` (it imports the step, so it is not
 imported here). Adding an architecture is one module with a class that implements
 :class:`Target` and a :class:`TargetKind` registered with :func:`register_target`, listed in
-``BUILTIN_KIND_MODULES`` below.
+``BUILTIN_KIND_MODULES`` (:mod:`pd_train.targets.registry`).
 """
 
 from typing import Any
 
 from pd_train.targets.registry import (
+    BUILTIN_KIND_MODULES,
     TargetConfig,
     TargetKind,
     kind_of,
@@ -20,10 +21,6 @@ from pd_train.targets.registry import (
     target_kind,
     target_kinds,
 )
-
-#: The modules that register the built-in kinds, imported by the registry before it answers
-#: (a new family adds its module here).
-BUILTIN_KIND_MODULES = ("pd_train.targets.llama", "pd_train.targets.qwen", "pd_train.targets.gpt2")
 
 # The rest import JAX: loaded on first use, so reading a config stays light.
 _LAZY = {

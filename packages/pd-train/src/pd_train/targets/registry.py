@@ -24,7 +24,7 @@ A :class:`TargetKind` says everything the run needs from a family:
   without one a run has no MFU metrics).
 
 Adding a family is one module that builds its :class:`TargetKind` and calls
-:func:`register_target` at import, plus its name in ``BUILTIN_KIND_MODULES`` (``pd_train/targets/__init__.py``), which
+:func:`register_target` at import, plus its name in ``BUILTIN_KIND_MODULES`` (below), which
 the registry imports before it answers, so that it is complete before a config is read. A kind
 from outside pd registers when its module is imported.
 """
@@ -39,6 +39,7 @@ import attrs
 from pd_train.config.io import ConfigError, FieldValueError
 
 __all__ = [
+    "BUILTIN_KIND_MODULES",
     "DEFAULT_KIND",
     "TargetConfig",
     "TargetKind",
@@ -107,11 +108,14 @@ def register_target(kind: TargetKind) -> TargetKind:
     return kind
 
 
+#: The modules that register the built-in kinds, imported by the registry before it answers
+#: (a new family adds its module here).
+BUILTIN_KIND_MODULES = ("pd_train.targets.llama", "pd_train.targets.qwen", "pd_train.targets.gpt2")
+
+
 def _builtins() -> dict[str, TargetKind]:
     """The registry, with the built-in kinds' modules imported (they register themselves)."""
     import importlib
-
-    from pd_train.targets import BUILTIN_KIND_MODULES
 
     for module in BUILTIN_KIND_MODULES:
         importlib.import_module(module)
