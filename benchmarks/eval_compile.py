@@ -64,7 +64,7 @@ from pd_train.configs import builtin_config
 from pd_train.losses import kl_clean_masked, l0
 from pd_train.losses.recon import site_grid
 from pd_train.models import llama
-from pd_train.run import _target_dtype, prepare
+from pd_train.run import prepare, target_dtype
 from pd_train.squash import lower_leaky_hard
 from pd_train.train import Trainer
 
@@ -142,7 +142,7 @@ def setup(name: str, mesh: jax.sharding.Mesh) -> Setup:
         mesh=mesh,
         compiler_options=config.runtime.compiler_options,
     )
-    return Setup(trainer, config.pd.batch_size, config.data.seq_len, _target_dtype(config))
+    return Setup(trainer, config.pd.batch_size, config.data.seq_len, target_dtype(config))
 
 
 def abstract_inputs(s: Setup) -> tuple[Any, ...]:

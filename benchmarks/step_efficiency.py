@@ -60,7 +60,7 @@ def _arm(config: str, overrides: list[str], devices: int) -> dict:
     compiled = rt.trainer.compile_step(
         batch_size=cfg.pd.batch_size,
         seq_len=cfg.data.seq_len,
-        target_dtype=runner._target_dtype(cfg),
+        target_dtype=runner.target_dtype(cfg),
     )
     compile_s, compile_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     cost = compiled_cost(compiled)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runner.configure_cache(prepared.config, disable=True)
     config, trainer = prepared.config, rt.trainer
-    dtype = runner._target_dtype(config)
+    dtype = runner.target_dtype(config)
     shape = {"batch_size": config.pd.batch_size, "seq_len": config.data.seq_len}
 
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

@@ -252,9 +252,9 @@ def _load_target(prepared: Any, trainer: Any) -> Any:
     """The frozen target, as :func:`pd_train.run.execute` loads it (one loader for both)."""
     import jax
 
-    from pd_train.run import _target_dtype, load_target
+    from pd_train.run import load_target, target_dtype
 
-    dtype = _target_dtype(prepared.config)
+    dtype = target_dtype(prepared.config)
     shardings = jax.tree.map(lambda a: a.sharding, trainer.abstract_target(dtype))
     return load_target(prepared, shardings=shardings, dtype=dtype)
 

@@ -190,7 +190,7 @@ def _path_problems(run_dir: Path, cwd: Path, *, run_dir_from: str) -> list[str]:
     return problems
 
 
-def _launch_problems(config: Config) -> list[tuple[str, str]]:
+def launch_problems(config: Config) -> list[tuple[str, str]]:
     """Checks of the launch section against the rest of the config."""
     launch: LaunchConfig = config.launch
     processes = launch.nodes * launch.processes_per_node
@@ -384,7 +384,7 @@ def _submit(args: argparse.Namespace) -> int:
             if prepared.config.data.path is not None:
                 raise
             notes.append(_unset_data_note(args.config))
-        problems = _launch_problems(prepared.config)
+        problems = launch_problems(prepared.config)
         if problems:
             raise ConfigError(problems, source=args.config)
     except ConfigError as exc:

@@ -229,9 +229,9 @@ def _validate(source: str | Path, points: Sequence[Point], *, slurm: bool) -> li
         try:
             p = runner.prepare(source, point.overrides, for_run=True)
             if slurm:
-                from pd_train.cli.submit import _launch_problems
+                from pd_train.cli.submit import launch_problems
 
-                launch = _launch_problems(p.config)
+                launch = launch_problems(p.config)
                 if launch:
                     raise ConfigError(launch)
         except ConfigError as exc:

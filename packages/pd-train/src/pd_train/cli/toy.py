@@ -526,7 +526,7 @@ def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
     import jax
     import jax.numpy as jnp
 
-    from pd_train.run.compile import CompileRow, _memory
+    from pd_train.run.compile import CompileRow, compiled_memory
     from pd_train.targets.toys import make_target, toy_config
     from pd_train.train import Trainer
 
@@ -551,7 +551,7 @@ def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        rows.append(CompileRow(name, t1 - t0, t2 - t1, _memory(compiled)))
+        rows.append(CompileRow(name, t1 - t0, t2 - t1, compiled_memory(compiled)))
     return rows
 
 

@@ -82,7 +82,6 @@ from pd_train.run.loop import StepFn, run_loop
 from pd_train.run.signals import EXIT_INTERRUPTED, StopSignals
 
 # The names other modules imported before run.py became this package (kept working).
-_target_dtype = target_dtype
 _training_item = training_item
 
 __all__ = [

@@ -83,9 +83,9 @@ def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
 
     trainer = rt.trainer
     config = rt.prepared.config
-    from pd_train.run import _target_dtype
+    from pd_train.run import target_dtype as dtype_of
 
-    target_dtype = _target_dtype(config)
+    target_dtype = dtype_of(config)
     key = jax.eval_shape(lambda: jax.random.key(0))
     if trainer.layout is not None:
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=trainer.layout.replicated())
@@ -135,7 +135,7 @@ def _jits(rt: Any) -> list[tuple[str, Callable[[], Any]]]:
     return jits
 
 
-def _memory(compiled: Any) -> dict[str, int] | None:
+def compiled_memory(compiled: Any) -> dict[str, int] | None:
     try:
         analysis = compiled.memory_analysis()
     except Exception:  # not every backend implements it
@@ -187,7 +187,9 @@ def compile_all(
                 t2 = time.perf_counter()
             recorder.memory(name, compiled)
             cache = _cache_outcome(recorder.cache_outcomes(name))
-            row = CompileRow(name, t1 - t0, t2 - t1, _memory(compiled), cache, devices=devices)
+            row = CompileRow(
+                name, t1 - t0, t2 - t1, compiled_memory(compiled), cache, devices=devices
+            )
             rows.append(row)
             flops.annotate(row, compiled, rt, prepared)
     return rows
