@@ -17,7 +17,14 @@ __all__ = ["add_parsers", "analyze", "pull", "report", "track"]
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Register ``analyze`` and ``report`` on the ``pd-train`` subparsers."""
+    """Register ``analyze``, ``report``, ``track`` and ``pull`` on the ``pd-train`` subparsers."""
+    _add_analyze_parser(subparsers)
+    _add_report_parser(subparsers)
+    _add_track_parser(subparsers)
+    _add_pull_parser(subparsers)
+
+
+def _add_analyze_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "analyze",
         help="per-component density, mean CI and top-activating contexts of a run (Parquet)",
@@ -64,6 +71,8 @@ def add_parsers(subparsers: Any) -> None:
     p.add_argument("--process-id", type=int)
     p.add_argument("--process-per", choices=("node", "device"), default="node")
 
+
+def _add_report_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "report",
         help="one static HTML page of a run: config, curves, L0, components",
@@ -85,6 +94,8 @@ def add_parsers(subparsers: Any) -> None:
         "--out", type=Path, metavar="FILE", help="HTML file (default RUN_DIR/report.html)"
     )
 
+
+def _add_track_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "track",
         help="mirror a run's metrics.jsonl into a Weights & Biases run (pd-train[wandb])",
@@ -105,6 +116,8 @@ def add_parsers(subparsers: Any) -> None:
         "--checkpoint", default="final", help="final (the run dir as an artifact) | none"
     )
 
+
+def _add_pull_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "pull",
         help="load a decomposition back from a W&B run into a run dir (pd-train[wandb])",
