@@ -365,45 +365,12 @@ def submit(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     import pd_launch
-    from pd_train import run as runner
-    from pd_train.cli._common import config_source
-    from pd_train.config.io import ConfigError
-    from pd_train.config.run import to_yaml
 
     # 1. Everything that can be checked, before anything is written.
-    notes: list[str] = []
-    try:
-        try:
-            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=True)
-        except ConfigError as exc:
-            # A dry run of a config that leaves data.path for the user to fill in (the
-            # production config does) still shows the job, and says what is missing.
-            if not (args.dry_run and {path for path, _ in exc.problems} == {"data.path"}):
-                raise
-            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=False)
-            if prepared.config.data.path is not None:
-                raise
-            notes.append(_unset_data_note(args.config))
-        problems = launch_problems(prepared.config)
-        if problems:
-            raise ConfigError(problems, source=args.config)
-    except ConfigError as exc:
-        raise SubmitError(str(exc), code=2) from None
-    if prepared.config.target.checkpoint is None:
-        notes.append(RANDOM_WEIGHTS_NOTE)
+    prepared, notes = _checked_config(args)
     config = prepared.config  # prepare() made its paths absolute
     cwd = Path.cwd()
-    if args.run_dir is not None:
-        run_dir = args.run_dir.expanduser().absolute()
-    else:
-        run_dir = runner.new_run_dir(config, base=prepared.base).absolute()
-    if run_dir.exists():
-        msg = f"run dir {run_dir} already exists; pd-train submit always starts a new one"
-        raise SubmitError(msg, code=2)
-    run_dir_from = "--run-dir" if args.run_dir is not None else "output_dir / run_name"
-    path_problems = _path_problems(run_dir, cwd, run_dir_from=run_dir_from)
-    if path_problems:
-        raise SubmitError("; ".join(path_problems), code=2)
+    run_dir = _new_run_dir(args, prepared, cwd)
     try:
         job = build_job(config, run_dir, chdir=cwd)
     except pd_launch.JobSpecError as exc:
@@ -418,46 +385,14 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     for note in notes:  # only the random-weights note gets here: the job is still submitted
         print(f"pd-train submit: warning: {note}", file=sys.stderr)
-
-    scrubbed = pd_launch.scrub_environment(os.environ, overrides=job.env).env
-    if shutil.which("sbatch", path=scrubbed.get("PATH", os.defpath)) is None:
-        msg = (
-            f"sbatch is not on PATH ({scrubbed.get('PATH', '')}); pd-train submit needs SLURM's "
-            "client commands (run it on a login node, or install slurm-client and set "
-            "SLURM_CONF). Nothing was written."
-        )
-        raise SubmitError(msg)
+    _check_sbatch(job)
 
     # 2. The run dir, complete before it appears under its name.
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = run_dir.with_name(f".{run_dir.name}.submitting-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()
-    try:
-        (staging / runner.CONFIG_FILE).write_text(to_yaml(config))
-        _write_json(staging / CODE_FILE, snapshot_code(staging))
-        log_dir = Path(str(job.output)).parent
-        if log_dir.is_relative_to(run_dir):
-            (staging / log_dir.relative_to(run_dir)).mkdir(parents=True)
-        else:
-            log_dir.mkdir(parents=True, exist_ok=True)
-        os.rename(staging, run_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    _write_run_dir(run_dir, config, job)
 
     # 3. Submit; on any failure the run dir goes away again.
     submitted_at = datetime.now(UTC).isoformat(timespec="seconds")
-    try:
-        submission = pd_launch.submit(job, script_path=run_dir / SCRIPT_FILE)
-    except BaseException as exc:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        if isinstance(exc, pd_launch.UnknownPartitionError):
-            msg = f"launch.partition={config.launch.partition!r}: {exc}"
-            raise SubmitError(f"{msg}\nThe run dir was removed.", code=2) from None
-        if isinstance(exc, pd_launch.LaunchError):
-            raise SubmitError(f"{exc}\nThe run dir {run_dir} was removed.") from None
-        raise
-
+    submission = _submit_or_remove(job, run_dir, config)
     log = Path(str(job.output).replace("%j", submission.job_id))
     record = {
         "job_id": submission.job_id,
@@ -485,6 +420,108 @@ def _submit(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return _wait(submission.job_id, log, timeout=args.timeout)
+
+
+def _checked_config(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The prepared config (validated as for a run, and its launch section) and the notes to
+    show with the job; a bad config raises :class:`SubmitError` (exit 2)."""
+    from pd_train import run as runner
+    from pd_train.cli._common import config_source
+    from pd_train.config.io import ConfigError
+
+    notes: list[str] = []
+    try:
+        try:
+            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=True)
+        except ConfigError as exc:
+            # A dry run of a config that leaves data.path for the user to fill in (the
+            # production config does) still shows the job, and says what is missing.
+            if not (args.dry_run and {path for path, _ in exc.problems} == {"data.path"}):
+                raise
+            prepared = runner.prepare(config_source(args.config), args.overrides, for_run=False)
+            if prepared.config.data.path is not None:
+                raise
+            notes.append(_unset_data_note(args.config))
+        problems = launch_problems(prepared.config)
+        if problems:
+            raise ConfigError(problems, source=args.config)
+    except ConfigError as exc:
+        raise SubmitError(str(exc), code=2) from None
+    if prepared.config.target.checkpoint is None:
+        notes.append(RANDOM_WEIGHTS_NOTE)
+    return prepared, notes
+
+
+def _new_run_dir(args: argparse.Namespace, prepared: Any, cwd: Path) -> Path:
+    """The run dir to create (absolute): ``--run-dir`` or a new name under ``output_dir``;
+    refused (exit 2) when it exists or cannot be made."""
+    from pd_train import run as runner
+
+    if args.run_dir is not None:
+        run_dir = args.run_dir.expanduser().absolute()
+    else:
+        run_dir = runner.new_run_dir(prepared.config, base=prepared.base).absolute()
+    if run_dir.exists():
+        msg = f"run dir {run_dir} already exists; pd-train submit always starts a new one"
+        raise SubmitError(msg, code=2)
+    run_dir_from = "--run-dir" if args.run_dir is not None else "output_dir / run_name"
+    path_problems = _path_problems(run_dir, cwd, run_dir_from=run_dir_from)
+    if path_problems:
+        raise SubmitError("; ".join(path_problems), code=2)
+    return run_dir
+
+
+def _check_sbatch(job: Any) -> None:
+    """Refuse (nothing written) when sbatch is not on the job environment's PATH."""
+    import pd_launch
+
+    scrubbed = pd_launch.scrub_environment(os.environ, overrides=job.env).env
+    if shutil.which("sbatch", path=scrubbed.get("PATH", os.defpath)) is None:
+        msg = (
+            f"sbatch is not on PATH ({scrubbed.get('PATH', '')}); pd-train submit needs SLURM's "
+            "client commands (run it on a login node, or install slurm-client and set "
+            "SLURM_CONF). Nothing was written."
+        )
+        raise SubmitError(msg)
+
+
+def _write_run_dir(run_dir: Path, config: Any, job: Any) -> None:
+    """The run dir's config, code snapshot and log dir, written in a staging dir that is
+    renamed into place (removed again on any failure)."""
+    from pd_train import run as runner
+    from pd_train.config.run import to_yaml
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = run_dir.with_name(f".{run_dir.name}.submitting-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        (staging / runner.CONFIG_FILE).write_text(to_yaml(config))
+        _write_json(staging / CODE_FILE, snapshot_code(staging))
+        log_dir = Path(str(job.output)).parent
+        if log_dir.is_relative_to(run_dir):
+            (staging / log_dir.relative_to(run_dir)).mkdir(parents=True)
+        else:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _submit_or_remove(job: Any, run_dir: Path, config: Any) -> Any:
+    """``pd_launch.submit`` of the job; on any failure the run dir is removed again."""
+    import pd_launch
+
+    try:
+        return pd_launch.submit(job, script_path=run_dir / SCRIPT_FILE)
+    except BaseException as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, pd_launch.UnknownPartitionError):
+            msg = f"launch.partition={config.launch.partition!r}: {exc}"
+            raise SubmitError(f"{msg}\nThe run dir was removed.", code=2) from None
+        if isinstance(exc, pd_launch.LaunchError):
+            raise SubmitError(f"{exc}\nThe run dir {run_dir} was removed.") from None
+        raise
 
 
 def _wait(job_id: str, log: Path, *, timeout: float) -> int:
