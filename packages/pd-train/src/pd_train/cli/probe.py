@@ -264,7 +264,7 @@ def build_grid(
     Layer slices above the base's decomposed layers become that number (its arm is then the
     baseline's alias); chunk counts above the number of sites are dropped.
     """
-    from pd_probe import Arm, standard_grid
+    from pd_probe import standard_grid
 
     decomposition = _decomposition(prepared)
     n_layers = len(_decomposed_layers(decomposition))
@@ -281,20 +281,52 @@ def build_grid(
     if terms:
         baseline_meta["chunks"] = math.ceil(n_sites / terms[0][1])
 
-    def loop_arms(loop: str, meta_key: str) -> list[Any]:
-        return [
-            Arm(
-                name=f"{loop}_{how}",
-                overrides={f"pd.recon.{loop}": how},
-                meta={meta_key: how},
-                equivalence=loop,
-                description=f"pd.recon.{loop} = {how}",
-            )
-            for how in ("scan", "unroll")
-        ]
+    chunk_loop = _loop_arms("chunk_loop", "loop") if terms else []
+    unrolled = _unrolled_arms(prepared, counts)
+    init = _init_arms() if _field_exists(raw, INIT_FIELD) else []
+    cache = _cache_arms()
+    return standard_grid(
+        raw,
+        validate=validator(for_run=for_run),
+        layers_override=lambda n: layers_overrides(prepared, n),
+        chunks_override=(lambda k: chunks_overrides(prepared, k)) if counts else None,
+        layer_slices=slices,
+        chunk_counts=counts,
+        chunk_loop_arms=chunk_loop,
+        init_arms=init,
+        autotune=None,
+        cache=cache,
+        extra_arms=[
+            *unrolled,
+            *_loop_arms("layer_loop", "layer_loop"),
+            *extra_arms,
+        ],
+        baseline_meta=baseline_meta,
+        free_form=FREE_FORM,
+    )
 
-    chunk_loop = loop_arms("chunk_loop", "loop") if terms else []
-    unrolled = [
+
+def _loop_arms(loop: str, meta_key: str) -> list[Any]:
+    """``pd.recon.{loop}`` scanned and unrolled: two arms that must agree."""
+    from pd_probe import Arm
+
+    return [
+        Arm(
+            name=f"{loop}_{how}",
+            overrides={f"pd.recon.{loop}": how},
+            meta={meta_key: how},
+            equivalence=loop,
+            description=f"pd.recon.{loop} = {how}",
+        )
+        for how in ("scan", "unroll")
+    ]
+
+
+def _unrolled_arms(prepared: Prepared, counts: Sequence[int]) -> list[Any]:
+    """One arm per recon chunk count with the chunk loop unrolled."""
+    from pd_probe import Arm
+
+    return [
         Arm(
             name=f"chunks_{k}_unroll",
             overrides=_with(chunks_overrides(prepared, k), "pd.recon.chunk_loop", "unroll"),
@@ -303,19 +335,29 @@ def build_grid(
         )
         for k in counts
     ]
-    init = []
-    if _field_exists(raw, INIT_FIELD):
-        init = [
-            Arm(
-                name=f"init_{how}",
-                overrides={INIT_FIELD: how},
-                meta={"init": how},
-                equivalence="init",
-                description=f"{INIT_FIELD} = {how}",
-            )
-            for how in ("stacked", "per_array")
-        ]
-    cache = [
+
+
+def _init_arms() -> list[Any]:
+    """The init path stacked and per array: two arms that must agree."""
+    from pd_probe import Arm
+
+    return [
+        Arm(
+            name=f"init_{how}",
+            overrides={INIT_FIELD: how},
+            meta={"init": how},
+            equivalence="init",
+            description=f"{INIT_FIELD} = {how}",
+        )
+        for how in ("stacked", "per_array")
+    ]
+
+
+def _cache_arms() -> list[Any]:
+    """The persistent compilation cache off, and on (run twice: cold, then warm)."""
+    from pd_probe import Arm
+
+    return [
         Arm(
             name="cache_off",
             overrides={"runtime.compile_cache.enabled": False},
@@ -330,25 +372,6 @@ def build_grid(
             description="persistent cache on: run 1 cold, run 2 warm in the same cache",
         ),
     ]
-    return standard_grid(
-        raw,
-        validate=validator(for_run=for_run),
-        layers_override=lambda n: layers_overrides(prepared, n),
-        chunks_override=(lambda k: chunks_overrides(prepared, k)) if counts else None,
-        layer_slices=slices,
-        chunk_counts=counts,
-        chunk_loop_arms=chunk_loop,
-        init_arms=init,
-        autotune=None,
-        cache=cache,
-        extra_arms=[
-            *unrolled,
-            *loop_arms("layer_loop", "layer_loop"),
-            *extra_arms,
-        ],
-        baseline_meta=baseline_meta,
-        free_form=FREE_FORM,
-    )
 
 
 def arm_command(
@@ -644,24 +667,12 @@ def _listing(grid: Any) -> str:
 def probe(args: argparse.Namespace) -> int:
     """Run ``pd-train probe``; 0 when every arm ran and the checks passed, 1 when an arm failed
     or a check did not hold, 2 on bad input (nothing is written then)."""
-    from pd_probe import (
-        ProbeError,
-        check_equivalence,
-        check_isolation,
-        parse_arm,
-        run_probe,
-        write_report,
-    )
+    from pd_probe import ProbeError, parse_arm, run_probe
     from pd_train.config.io import ConfigError
 
-    if args.max_steps < 1:
-        return _fail(f"--max-steps {args.max_steps}: must be at least 1")
-    if args.simulate_devices is not None and args.simulate_devices < 1:
-        return _fail(f"--simulate-devices {args.simulate_devices}: must be at least 1")
-    if args.timeout is not None and args.timeout <= 0:
-        return _fail(f"--timeout {args.timeout}: must be positive")
-    if args.max_parallel < 1:
-        return _fail(f"--max-parallel {args.max_parallel}: must be at least 1")
+    problem = _argument_problem(args)
+    if problem is not None:
+        return _fail(problem)
     try:
         launcher = _launcher(args)
     except ProbeInputError as exc:
@@ -687,11 +698,7 @@ def probe(args: argparse.Namespace) -> int:
         print(_listing(grid))
         return 0
 
-    config = prepared.config
-    out = args.out
-    if out is None:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path(config.output_dir) / "probes" / f"{config.run_name}-{args.mode}-{stamp}"
+    out = _out_dir(args, prepared.config)
     from pd_train._output_paths import directory_problem
 
     problem = directory_problem(out)
@@ -729,6 +736,35 @@ def probe(args: argparse.Namespace) -> int:
         )
     except ProbeError as exc:
         return _fail(str(exc))
+    return _report(result, steps=steps)
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``probe``'s numeric options, or None."""
+    if args.max_steps < 1:
+        return f"--max-steps {args.max_steps}: must be at least 1"
+    if args.simulate_devices is not None and args.simulate_devices < 1:
+        return f"--simulate-devices {args.simulate_devices}: must be at least 1"
+    if args.timeout is not None and args.timeout <= 0:
+        return f"--timeout {args.timeout}: must be positive"
+    if args.max_parallel < 1:
+        return f"--max-parallel {args.max_parallel}: must be at least 1"
+    return None
+
+
+def _out_dir(args: argparse.Namespace, config: Any) -> Path:
+    """``--out``, or a new dir under ``output_dir/probes/`` named by run, mode and time."""
+    if args.out is not None:
+        return Path(args.out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(config.output_dir) / "probes" / f"{config.run_name}-{args.mode}-{stamp}"
+
+
+def _report(result: Any, *, steps: bool) -> int:
+    """The probe's report written and printed with its checks; 0 when every arm ran and every
+    check held, else 1."""
+    from pd_probe import check_equivalence, check_isolation, write_report
+
     probe_dir = result.probe_dir
     if steps:
         _collect_step_records(probe_dir)
