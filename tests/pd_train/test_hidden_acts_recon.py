@@ -27,8 +27,8 @@ from pd_train.squash import lower_leaky_hard
 from pd_train.train import Trainer
 
 from ._cli import tiny_config, write_config
+from ._loss_pins import CI, KINDS, SPEC, C, R, U, V, W, X, _f32, _pd_inputs
 from ._tiny import FAST, TINY, _pd, _run, _target, _tokens
-from .test_loss_pins import CI, KINDS, SPEC, C, R, U, V, W, X, _f32, _pd_inputs
 
 TERM = "stochastic_hidden_acts_recon"
 
