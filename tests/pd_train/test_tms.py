@@ -24,19 +24,13 @@ def _shown(ci: dict[str, np.ndarray]) -> str:
     )
 
 
-#: TMS 40-10 seed 1 (2026-12-01, the recipe at lr 5e-3): all 40 features alive, IdentityCIError
-#: 2 in linear1 (0 in linear2), MMCS 0.9996; at lr 3e-3 83 in all, at 1e-2 51 (docs/toys.md).
-#: Strict: a recipe that fixes it must turn this on.
-_SEED_1_40_10 = pytest.mark.xfail(
-    strict=True, reason="tms_40_10_fast seed 1: two features' CI not one-hot in linear1"
-)
 CASES = [
     ("tms_5_2_fast", 0),
     ("tms_5_2_fast", 1),
     ("tms_5_2_id_fast", 0),
     ("tms_5_2_id_fast", 1),
     ("tms_40_10_fast", 0),
-    pytest.param("tms_40_10_fast", 1, marks=_SEED_1_40_10),
+    ("tms_40_10_fast", 1),
 ]
 
 

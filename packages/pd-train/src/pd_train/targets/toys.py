@@ -628,17 +628,17 @@ def _tms_5_2_id_fast_pd(pd: PDConfig) -> dict[str, Any]:
     return {**_tms_fast_pd(pd), "steps": 4000, "components": opt, "ci_fn": opt}
 
 
-_TMS_40_10_FAST = "4000 steps at batch 256, C 100, lr 5e-3 cosine"
+_TMS_40_10_FAST = "6000 steps at batch 256, C 100, lr 5e-3 cosine"
 
 
 def _tms_40_10_fast_pd(pd: PDConfig) -> dict[str, Any]:
-    """The TMS 40-10 ``*_fast`` recipe's changes: the paper's loss terms and warmup, 1/160 of
-    its samples; lr 5e-3 (IdentityCIError on seeds 0 / 1: 4 / 83 at 3e-3, 0 / 2 at 5e-3, 0 / 51
-    at 1e-2), C 100 for 40 features (the step's cost is the CI MLPs', ∝ batch × C;
-    docs/toys.md)."""
+    """The TMS 40-10 ``*_fast`` recipe's changes: the paper's loss terms and warmup, 1/107 of
+    its samples; lr 5e-3 for 6000 steps (after 4000, IdentityCIError on seeds 0 / 1: 4 / 83 at
+    3e-3, 0 / 2 at 5e-3, 0 / 51 at 1e-2), C 100 for 40 features (the step's cost is the CI
+    MLPs', ∝ batch × C; docs/toys.md)."""
     opt = OptimizerConfig(lr=5e-3, final_val_frac=0.0)
     return {
-        "steps": 4000,
+        "steps": 6000,
         "batch_size": 256,
         "components": opt,
         "ci_fn": opt,
