@@ -2,7 +2,7 @@
 metrics, beside the paper's values; then the K-step programs against one step per call.
 
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
-        [--rate-steps 2000]
+        [--rate-steps 2000] [--ynn-fusions off|on]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -18,20 +18,23 @@ S counts the toys reproduced at the paper's own settings. The step rate is measu
 first call (no compile): steps between the first and the last logged step over their wall
 time, at K = 1 and at the toy's K, for each toy in ``--toys``. The machine is shared: the
 wall times depend on what else runs; CPU s is this process's.
+
+``--ynn-fusions off`` (the default) runs XLA:CPU without its YNNPACK fusions
+(``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=``, set before JAX starts): as YNN fusions the
+CI MLPs' multiply-reduce fusions over [B, 1, C, d_gate] were the step's largest cost, and a TMS
+5-2 step at batch 4096 cost 93 ms CPU with them, 45 ms without (docs/toys.md). ``on``: XLA's
+default.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
-
-import attrs
-
-from pd_train.targets.toys import TOYS, make_target, run_toy, toy_config
-from pd_train.train import Trainer
 
 PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
          "resid_mlp3")  # fmt: skip
+YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
@@ -40,6 +43,8 @@ def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
 
 def run_table(name: str, seeds: list[int]) -> bool:
     """Decompose ``name`` on each seed, print its table; whether every seed reproduced."""
+    from pd_train.targets.toys import TOYS, run_toy, toy_config
+
     toy = toy_config(name)
     print(f"\n### {name}" + (f" ({toy.deviation})" if toy.deviation else ""))
     print(
@@ -76,6 +81,11 @@ def run_table(name: str, seeds: list[int]) -> bool:
 def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
     """(steps/s, samples/s, steps per CPU s of this process) of ``steps`` steps at K = ``k``,
     the first call (compile) excluded."""
+    import attrs
+
+    from pd_train.targets.toys import make_target, run_toy, toy_config
+    from pd_train.train import Trainer
+
     toy = toy_config(name)
     pd = attrs.evolve(toy.pd, steps=steps)
     stamps: list[tuple[int, float, float]] = []
@@ -90,15 +100,29 @@ def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
     return rate, rate * pd.batch_size, (i1 - i0) / (c1 - c0)
 
 
+def _toy_names() -> list[str]:
+    """The built-in toys' names, read without starting JAX (the XLA flags are set first)."""
+    fast = [f"{n}_fast" for n in PAPER]
+    return sorted([*PAPER, *fast])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--toys", nargs="+", default=list(PAPER), choices=sorted(TOYS))
+    names = _toy_names()
+    parser.add_argument("--toys", nargs="+", default=list(PAPER), choices=names)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--rate-steps", type=int, default=2000)
     parser.add_argument(
-        "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=sorted(TOYS)
+        "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=names
     )
+    parser.add_argument("--ynn-fusions", choices=("off", "on"), default="off")
     args = parser.parse_args()
+    if args.ynn_fusions == "off":
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {YNN_OFF}".strip()
+    from pd_train.targets.toys import TOYS, toy_config
+
+    assert set(names) == set(TOYS), sorted(set(names) ^ set(TOYS))
+    print(f"XLA:CPU YNN fusions {args.ynn_fusions}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     ok = {name: run_table(name, args.seeds) for name in args.toys}
     print(
         "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "
