@@ -32,7 +32,8 @@ blocks, 4 heads, MLP 128; target width as above), remat of the CI blocks on. Pri
 Then the shipped configs' recon plan (``--all-sites-layers``, empty skips it;
 ``--all-sites-only`` runs only it): the scanned step with one ``subset_recon`` term (all sites
 in one masked forward, per-position uniform-k routing) at each layer count. Prints
-``all-sites step compile: 32L / 2L R.RRx`` (CPU time; goal ≤ 1.5).
+``all-sites step compile: 32L / 2L R.RRx`` (CPU time; goal ≤ 1.5), then the same with the
+production recipe's recon remat (``all-sites step compile (remat recon, sources redrawn): …``).
 
 ``--step-time-vs WORKTREE`` runs only the step time at 8Lx8c, this checkout against the code
 of another worktree (each arm in its own processes, alternating), and prints last
@@ -307,18 +308,22 @@ def ppgd_step_compile(warmups: list[int], mesh: jax.sharding.Mesh) -> None:
     print(f"ppgd step compile: warmup {hi} / warmup {lo} {arms[hi].cpu / arms[lo].cpu:.2f}x")
 
 
-def all_sites_compile_arm(layers: int, mesh: jax.sharding.Mesh) -> Arm:
+def all_sites_compile_arm(layers: int, mesh: jax.sharding.Mesh, *, remat: bool = False) -> Arm:
     """The scanned step at ``layers`` layers with the shipped configs' recon plan: one
-    ``subset_recon`` term (every site in one forward, per-position uniform-k routing)."""
+    ``subset_recon`` term (every site in one forward, per-position uniform-k routing).
+    ``remat``: the production recipe's recon remat (``runtime.remat.recon``, sources redrawn
+    in the backward: ``save_sources: false``)."""
     import attrs
 
     from pd_train.config.pd import SubsetRecon
+    from pd_train.config.runtime import RematConfig, RuntimeConfig
 
     jax.clear_caches()
     base = pd_config(layers, 1, "scan")
     terms = tuple(t for t in base.loss_metrics if not isinstance(t, ChunkwiseSubsetRecon))
     pd = attrs.evolve(base, loss_metrics=(*terms, SubsetRecon(coeff=1.0)))
-    tr = Trainer(model(layers), pd, mesh=mesh)
+    runtime = RuntimeConfig(remat=RematConfig(recon=True, save_sources=False)) if remat else None
+    tr = Trainer(model(layers), pd, runtime, mesh=mesh)
     wall, cpu = time.perf_counter(), time.process_time()
     compiled = tr.lower_step(batch_size=BATCH, seq_len=SEQ, target_dtype=jnp.float32).compile()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -326,16 +331,21 @@ def all_sites_compile_arm(layers: int, mesh: jax.sharding.Mesh) -> Arm:
 
 
 def all_sites_step_compile(layer_counts: list[int], mesh: jax.sharding.Mesh) -> None:
-    arms = {}
-    for layers in layer_counts:
-        arms[layers] = arm = all_sites_compile_arm(layers, mesh)
-        print(
-            f"all-sites subset recon, {layers:>2} layers ({7 * layers} sites, 1 forward): compile "
-            f"{arm.cpu:.1f} CPU s, {arm.wall:.1f} s wall, {arm.kernels} kernels",
-            flush=True,
-        )
-    lo, hi = min(arms), max(arms)
-    print(f"all-sites step compile: {hi}L / {lo}L {arms[hi].cpu / arms[lo].cpu:.2f}x")
+    """The all-sites arms as the default config runs them, then with the production recipe's
+    recon remat; one flatness line each."""
+    for remat, label in ((False, ""), (True, " (remat recon, sources redrawn)")):
+        arms = {}
+        for layers in layer_counts:
+            arms[layers] = arm = all_sites_compile_arm(layers, mesh, remat=remat)
+            print(
+                f"all-sites subset recon{label}, {layers:>2} layers ({7 * layers} sites, "
+                f"1 forward): compile {arm.cpu:.1f} CPU s, {arm.wall:.1f} s wall, "
+                f"{arm.kernels} kernels",
+                flush=True,
+            )
+        lo, hi = min(arms), max(arms)
+        ratio = arms[hi].cpu / arms[lo].cpu
+        print(f"all-sites step compile{label}: {hi}L / {lo}L {ratio:.2f}x", flush=True)
 
 
 def _cells(arm: Arm | None) -> str:

@@ -51,6 +51,9 @@ class ForwardSpec:
     sampling: str = "continuous"
     layer_unroll: bool = False
     remat_layers: bool = False
+    #: With ``remat_layers``: a rematerialized layer whose liveness is static keeps its drawn
+    #: sources for its backward (:func:`_remat_policy`); False draws them again there.
+    save_sources: bool = True
     #: False: live sites output ((x@V)·m)@U (no delta component, no delta channel drawn).
     use_delta: bool = True
     #: ``constrain(x [B, ...]) -> x`` keeps activations batch-sharded (identity without a mesh).
@@ -250,9 +253,19 @@ def masked_forward(
     plain layer, live layers scan a body with their live kinds wired in, no branches (what an
     unrolled chunk loop traces).
     """
-    names = spec.decomposition.kind_names
-    static = isinstance(live, np.ndarray)
-    n_layers = spec.decomposition.n_layers
+    m = _MaskedInputs(
+        spec=spec,
+        target=target,
+        components=components,
+        ci_lower=ci_lower,
+        live=live,
+        routed=routed,
+        key=key,
+        clean_stream=clean_stream,
+        source_scale=source_scale,
+        sources=sources,
+        ci_first=ci_first,
+    )
     hook = functools.partial(
         _global_site,
         spec,
@@ -266,66 +279,161 @@ def masked_forward(
     )
     lookup = hook if _global_live(spec, live, "embed_tokens") else None
     head = hook if _global_live(spec, live, "lm_head") else None
+    names = spec.decomposition.kind_names
     h, ctx = _start(spec, target, tokens, lookup)
-    first: Any = 0
-    if clean_stream is not None:
-        # (the embedding's row is layer 0, the LM head's the last layer)
-        if static:
-            live_layers = np.flatnonzero(np.asarray(live).any(axis=1))
-            first = int(live_layers[0]) if live_layers.size else n_layers
-            if lookup is None or first > 0:
-                h = clean_stream[first]
-        else:
-            any_live = jnp.any(live, axis=1)
-            first = jnp.where(jnp.any(any_live), jnp.argmax(any_live), n_layers)
+    h, first = _resume_point(m, h, embed_live=lookup is not None)
     for seg in spec.decomposition.segments:
         cols = np.array([names.index(k) for k in seg.kinds], dtype=np.int32)
-        seg_live = live[seg.start : seg.stop][:, cols]
-        runs: list[tuple[int, int, tuple[bool, ...] | None]]
-        if not static:
-            runs = [(seg.start, seg.stop, None)]
-        else:
-            runs = [
-                (max(a, first), b, f)
-                for a, b, f in _static_runs(seg.start, np.asarray(seg_live))
-                if b > first
-            ]
-        for start, stop, flags in runs:
-            frozen = not seg.kinds or (flags is not None and not any(flags))
-            if frozen and flags is not None:  # static and frozen: the plain layer
-                layers = _slice(target["layers"], start, stop - start)
-                h, _ = loop(_frozen_body(spec, ctx), h, layers, unroll=spec.layer_unroll)
-                continue
-            if frozen:
-                xs: dict[str, Any] = {"layer": _slice(target["layers"], start, stop - start)}
-            else:
-                xs = _layer_xs(
-                    spec, seg, start, stop, target, components, ci_lower, sources, ci_first
-                )
-            if flags is None:  # dynamic: which branch each layer takes is data
-                xs["live"] = seg_live
-                xs["copy"] = jnp.arange(start, stop) < first
-                if clean_stream is not None:
-                    xs["clean_out"] = clean_stream[start + 1 : stop + 1]
-            if routed is not None and not frozen:
-                xs["routed"] = routed[start:stop][:, cols]
-            body = _masked_body(
-                spec,
-                seg,
-                ctx,
-                key,
-                flags,
-                frozen=frozen,
-                source_scale=source_scale,
-                ci_window=ci_lower if ci_first is not None else None,
-            )
-            if spec.remat_layers:
-                # Static liveness only: in the switched (scanned) forward the saved sources
-                # become a stacked [layers, B, T, C + 1] residual per chunk (+1.7 GiB per device
-                # at production; docs/findings.md section 8).
-                body = jax.checkpoint(body, policy=_SAVE_SOURCES if static else None)
-            h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
+        seg_live = live[seg.start : seg.stop][:, cols]  # [seg.size, len(seg.kinds)]
+        for run in _layer_runs(m, seg, seg_live, first):
+            h = _masked_run(m, seg, (cols, seg_live), run, h, ctx, first)
     return _finish(spec, target, h, head)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _MaskedInputs:
+    """The arguments of one :func:`masked_forward` call that its pieces read."""
+
+    spec: ForwardSpec
+    target: Tree
+    components: Mapping[str, Mapping[str, jax.Array]]
+    ci_lower: Mapping[str, jax.Array]
+    live: jax.Array | np.ndarray
+    routed: jax.Array | None
+    key: jax.Array
+    clean_stream: jax.Array | None
+    source_scale: jax.Array | None
+    sources: Mapping[str, jax.Array] | None
+    ci_first: jax.Array | None
+
+    @property
+    def static(self) -> bool:
+        """Whether liveness is known at trace time (a numpy ``live``)."""
+        return isinstance(self.live, np.ndarray)
+
+
+#: A run of consecutive layers [start, stop) of one segment and their static live kinds (one
+#: flag per kind of the segment), or None where liveness is traced.
+_Run = tuple[int, int, tuple[bool, ...] | None]
+
+
+def _resume_point(m: _MaskedInputs, h: jax.Array, *, embed_live: bool) -> tuple[jax.Array, Any]:
+    """(the residual stream the layers start from, the first layer that runs).
+
+    Without a clean stream: the embedding's output and layer 0. With one, static: the clean
+    stream at the first live layer (L if none; the embedding's own output when the embedding is
+    live and that layer is 0). Traced: ``h`` unchanged and the first live layer as a traced
+    number (the layers before it copy the clean stream, :func:`_masked_body`)."""
+    n_layers = m.spec.decomposition.n_layers
+    if m.clean_stream is None:
+        return h, 0
+    # (the embedding's row is layer 0, the LM head's the last layer)
+    if m.static:
+        live_layers = np.flatnonzero(np.asarray(m.live).any(axis=1))
+        first = int(live_layers[0]) if live_layers.size else n_layers
+        if not embed_live or first > 0:
+            h = m.clean_stream[first]
+        return h, first
+    any_live = jnp.any(m.live, axis=1)
+    return h, jnp.where(jnp.any(any_live), jnp.argmax(any_live), n_layers)
+
+
+def _layer_runs(m: _MaskedInputs, seg: Segment, seg_live: Any, first: Any) -> list[_Run]:
+    """The runs of ``seg``'s layers the forward scans: with traced liveness the whole segment
+    as one run; static, the maximal runs of equal live kinds (``seg_live``) from ``first`` on."""
+    if not m.static:
+        return [(seg.start, seg.stop, None)]
+    return [
+        (max(a, first), b, f)
+        for a, b, f in _static_runs(seg.start, np.asarray(seg_live))
+        if b > first
+    ]
+
+
+def _masked_run(
+    m: _MaskedInputs,
+    seg: Segment,
+    columns: tuple[np.ndarray, Any],
+    run: _Run,
+    h: jax.Array,
+    ctx: Any,
+    first: Any,
+) -> jax.Array:
+    """``h`` through the layers of one run: the plain layer's scan for a static frozen run, else
+    a scan of :func:`_masked_body` over the run's per-layer inputs (:func:`_run_xs`).
+    ``columns``: (the columns of ``seg``'s kinds in ``live``/``routed``, ``live``'s rows of the
+    segment at those columns)."""
+    spec = m.spec
+    start, stop, flags = run
+    frozen = not seg.kinds or (flags is not None and not any(flags))
+    if frozen and flags is not None:  # static and frozen: the plain layer
+        layers = _slice(m.target["layers"], start, stop - start)
+        h, _ = loop(_frozen_body(spec, ctx), h, layers, unroll=spec.layer_unroll)
+        return h
+    xs = _run_xs(m, seg, columns, run, first, frozen=frozen)
+    body = _masked_body(
+        spec,
+        seg,
+        ctx,
+        m.key,
+        flags,
+        frozen=frozen,
+        source_scale=m.source_scale,
+        ci_window=m.ci_lower if m.ci_first is not None else None,
+    )
+    if spec.remat_layers:
+        body = jax.checkpoint(body, policy=_remat_policy(spec, static=m.static))
+    h, _ = loop(body, h, xs, unroll=spec.layer_unroll)
+    return h
+
+
+def _run_xs(
+    m: _MaskedInputs,
+    seg: Segment,
+    columns: tuple[np.ndarray, Any],
+    run: _Run,
+    first: Any,
+    *,
+    frozen: bool,
+) -> Tree:
+    """The per-layer inputs of a run that :func:`_masked_body` scans: the layer weights (and,
+    unless ``frozen``, the sites' stacks, :func:`_layer_xs`); with traced liveness each layer's
+    ``live`` kinds, whether it ``copy``-s the clean stream and that stream's ``clean_out``;
+    the ``routed`` positions of its kinds."""
+    start, stop, flags = run
+    cols, seg_live = columns
+    xs: dict[str, Any]
+    if frozen:
+        xs = {"layer": _slice(m.target["layers"], start, stop - start)}
+    else:
+        xs = _layer_xs(
+            m.spec,
+            seg,
+            start,
+            stop,
+            m.target,
+            m.components,
+            m.ci_lower,
+            m.sources,
+            m.ci_first,
+        )
+    if flags is None:  # dynamic: which branch each layer takes is data
+        xs["live"] = seg_live
+        xs["copy"] = jnp.arange(start, stop) < first
+        if m.clean_stream is not None:
+            xs["clean_out"] = m.clean_stream[start + 1 : stop + 1]
+    if m.routed is not None and not frozen:
+        xs["routed"] = m.routed[start:stop][:, cols]
+    return xs
+
+
+def _remat_policy(spec: ForwardSpec, *, static: bool) -> Any:
+    """The ``jax.checkpoint`` policy of a rematerialized masked-forward layer: keep the drawn
+    sources (``SOURCE_NAME``) where liveness is static and ``spec.save_sources``, else none
+    (everything recomputed, the sources drawn again: the same values). In the switched
+    (scanned) forward saved sources would become a stacked [layers, B, T, C + 1] residual per
+    chunk (+1.7 GiB per device at production; docs/findings.md section 8)."""
+    return _SAVE_SOURCES if static and spec.save_sources else None
 
 
 def _global_live(spec: ForwardSpec, live: jax.Array | np.ndarray, kind: str) -> bool:

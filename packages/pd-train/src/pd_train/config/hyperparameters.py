@@ -207,6 +207,7 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "runtime.remat.recon",
             "runtime.remat.ci_fn",
             "runtime.remat.recon_layers",
+            "runtime.remat.save_sources",
         ),
         *_group("structural", "which init programs run", "runtime.init"),
         *_group(

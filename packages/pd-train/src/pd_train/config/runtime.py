@@ -31,6 +31,13 @@ class RematConfig:
     recon: bool = False
     ci_fn: bool = False
     recon_layers: bool = False
+    #: With ``recon`` or ``recon_layers``: a rematerialized layer of a masked forward whose
+    #: live sites are known at trace time (a one-draw all-sites term such as ``subset_recon``,
+    #: an unrolled chunk loop) keeps its drawn sources for its backward, one [B, T, C + 1] fp32
+    #: buffer per live site (for ``subset_recon`` every site's: 4.75 GiB per device in the
+    #: production recipe at 64 devices). False: the backward draws them again from their keys
+    #: (the same values; a few more ops). docs/memory.md.
+    save_sources: bool = True
 
 
 @attrs.frozen(kw_only=True)

@@ -162,6 +162,7 @@ class Trainer(TrainerState, TrainerWarmup):
             use_delta=pd.use_delta_component,
             layer_unroll=pd.recon.layer_loop == "unroll",
             remat_layers=self.runtime.remat.recon or self.runtime.remat.recon_layers,
+            save_sources=self.runtime.remat.save_sources,
             constrain=constrain,
         )
         self.compiler_options = dict(compiler_options or {})
