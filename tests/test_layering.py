@@ -44,13 +44,7 @@ KNOWN_BACK_EDGES = {
 }
 
 #: "importer imports dotted" private names known to cross modules, left for their owners.
-KNOWN_PRIVATE = {
-    "pd_train.cli.toy imports pd_train.targets.toys._weights_path",
-    "pd_train.cli.toy imports pd_train.targets.toys._training_item",
-    "pd_train.models.gguf imports pd_train.models.hf._normalize",
-    "pd_train.models.gguf imports pd_train.models.hf._ranges",
-    "pd_train.models.gpt2 imports pd_train.models.llama._frozen_lookup",
-}
+KNOWN_PRIVATE: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -124,7 +124,7 @@ def test_pretrain_check_matches_within_float_rounding_and_refuses_more(
 
     from pd_train.targets import toys
 
-    shipped = toys.flat_weights(toys.load_weights(toys._weights_path("tms_5_2")))
+    shipped = toys.flat_weights(toys.load_weights(toys.toy_weights_path("tms_5_2")))
     scale = float(np.abs(shipped["layers.linear1"]).max())
 
     def check_against(delta: float) -> tuple[int, str]:
@@ -132,7 +132,7 @@ def test_pretrain_check_matches_within_float_rounding_and_refuses_more(
         moved["layers.linear1"] = shipped["layers.linear1"] + np.float32(delta * scale)
         path = tmp_path / f"moved_{delta:g}.npz"
         np.savez(path, **moved)
-        monkeypatch.setattr(toys, "_weights_path", lambda name: path)
+        monkeypatch.setattr(toys, "toy_weights_path", lambda name: path)
         before = path.read_bytes()
         code = main(["pretrain", "builtin:tms_5_2", "--check"])
         assert path.read_bytes() == before  # --check writes nothing

@@ -24,7 +24,7 @@ SETS = [
 def _params(run_dir: Path, step: int) -> list[np.ndarray]:
     from pd_train.cli.toy import load_toy_config, toy_pd_config
     from pd_train.run.checkpoints import abstract_like
-    from pd_train.targets.toys import _training_item, make_target, toy_config
+    from pd_train.targets.toys import make_target, toy_config, toy_training_item
     from pd_train.train import Trainer
 
     raw = load_toy_config(str(run_dir / "config.yaml"))
@@ -33,7 +33,7 @@ def _params(run_dir: Path, step: int) -> list[np.ndarray]:
     with Checkpoints(run_dir / "checkpoints") as ck:
         params, _, _ = ck.restore(
             decomposition=abstract_like(state.params),
-            training=abstract_like(_training_item(state)),
+            training=abstract_like(toy_training_item(state)),
             step=step,
         )
     return [np.asarray(a) for a in jax.tree_util.tree_leaves(jax.device_get(params))]

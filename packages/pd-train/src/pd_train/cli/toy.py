@@ -470,12 +470,12 @@ def pretrain_toy_cli(
 
     from pd_train.config.io import ConfigError
     from pd_train.targets.toys import (
-        _weights_path,
         flat_weights,
         load_weights,
         pretrain_toy,
         save_weights,
         toy_config,
+        toy_weights_path,
     )
 
     if not value.startswith("builtin:"):
@@ -485,7 +485,7 @@ def pretrain_toy_cli(
         have = ", ".join(f"builtin:{n}" for n in _toy_names())
         raise ConfigError([("config", f"no built-in toy {name!r}; have {have}")])
     toy = toy_config(name)
-    shipped_path = _weights_path(toy.weights)
+    shipped_path = toy_weights_path(toy.weights)
     shipped = load_weights(shipped_path) if shipped_path.exists() else None
     if check and shipped is None:
         raise ConfigError([("--check", f"no shipped weights for {name} at {shipped_path}")])
@@ -572,11 +572,11 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
     from pd_train.config.io import ConfigError
     from pd_train.run.checkpoints import Checkpoints, abstract_like
     from pd_train.targets.toys import (
-        _training_item,
         ground_truth_metrics,
         make_target,
         reproduced,
         toy_config,
+        toy_training_item,
         toy_weights,
         write_plots,
     )
@@ -600,7 +600,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
     with Checkpoints(run_dir / "checkpoints") as checkpoints:
         params, _, _ = checkpoints.restore(
             decomposition=abstract_like(state.params),
-            training=abstract_like(_training_item(state)),
+            training=abstract_like(toy_training_item(state)),
             step=step,
         )
     params = jax.device_get(params)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train.config.io import FieldValueError
-from pd_train.models.hf import CheckpointError, _normalize, _ranges, llama_param_shapes
+from pd_train.models.hf import CheckpointError, concrete_index, format_ranges, llama_param_shapes
 from pd_train.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
@@ -353,7 +353,7 @@ def _reader(
         return np.ascontiguousarray(part.T if transpose else part, dtype=dtype)
 
     def callback(index: Index | None) -> np.ndarray:
-        index = _normalize(index, shape)
+        index = concrete_index(index, shape)
         key_ = tuple((s.start, s.stop) for s in index)
         if key_ in memo:  # partially replicated shardings ask for one slice several times
             return memo[key_]
@@ -483,7 +483,7 @@ def _check_accounted_for(
             log.warning(
                 "checkpoint %s: strict=False, skipping blocks %s past its block_count (%d)",
                 file,
-                _ranges(sorted(deeper)),
+                format_ranges(sorted(deeper)),
                 config.num_hidden_layers,
             )
         return
@@ -492,7 +492,7 @@ def _check_accounted_for(
     hint = ""
     if strict and deeper:
         hint = (
-            f"; the file has blocks {_ranges(sorted(deeper))} past its metadata's block_count "
+            f"; the file has blocks {format_ranges(sorted(deeper))} past its metadata's block_count "
             f"({config.num_hidden_layers}); to load only the first {config.num_hidden_layers} "
             "on purpose, set target.strict: false"
         )

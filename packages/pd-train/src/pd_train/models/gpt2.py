@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from pd_train.config.io import FieldValueError
-from pd_train.models.llama import Linear, Lookup, _frozen_lookup, attention
+from pd_train.models.llama import Linear, Lookup, attention, frozen_lookup
 
 __all__ = ["KINDS", "GPT2Config", "decoder_layer", "embed", "forward", "init_params", "unembed"]
 
@@ -210,7 +210,7 @@ def decoder_layer(
 
 
 def embed(
-    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = _frozen_lookup
+    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = frozen_lookup
 ) -> jax.Array:
     """tokens [B, T] -> wte[tokens] + wpe[0..T-1]: [B, T, d] (in ``dtype``, default wte's);
     the wte lookup goes through ``lookup("embed_tokens", tokens, wte)`` (positions never do)."""

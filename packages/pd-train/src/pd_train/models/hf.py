@@ -640,7 +640,7 @@ class _Checkpoint:
             raise CheckpointError(msg) from e
 
 
-def _normalize(index: Index | None, shape: tuple[int, ...]) -> Index:
+def concrete_index(index: Index | None, shape: tuple[int, ...]) -> Index:
     """Concrete ``slice(start, stop)`` per dimension (JAX gives ``slice(None)`` for whole dims,
     and None for an unsharded array); the GGUF loader shares it."""
     index = index if index is not None else (slice(None),) * len(shape)
@@ -673,7 +673,7 @@ def _reader(
         return np.ascontiguousarray(part, dtype=dtype)
 
     def callback(index: Index | None) -> np.ndarray:
-        index = _normalize(index, shape)
+        index = concrete_index(index, shape)
         memo = tuple((s.start, s.stop) for s in index)
         if memo in cache:  # partially replicated shardings ask for one slice several times
             return cache[memo]
@@ -1000,7 +1000,7 @@ def _check_accounted_for(
                 "checkpoint %s: strict=False, skipping decoder layers %s past config.json's "
                 "num_hidden_layers (%d)",
                 ckpt.root,
-                _ranges(sorted(deeper)),
+                format_ranges(sorted(deeper)),
                 n_layers,
             )
         return
@@ -1009,7 +1009,7 @@ def _check_accounted_for(
     hints = []
     if strict and deeper:
         hints.append(
-            f"the checkpoint has decoder layers {_ranges(sorted(deeper))} past config.json's "
+            f"the checkpoint has decoder layers {format_ranges(sorted(deeper))} past config.json's "
             f"num_hidden_layers ({n_layers}); to load only the first "
             f"{n_layers} on purpose, pass strict=False (target.strict: false)"
         )
@@ -1209,7 +1209,7 @@ def check_hf_checkpoint(path: str | Path, *, family: str, strict: bool = True) -
     )
 
 
-def _ranges(values: list[int]) -> str:
+def format_ranges(values: list[int]) -> str:
     """``[3, 4, 5, 7]`` → ``'3-5, 7'``."""
     out: list[str] = []
     for v in values:

@@ -274,13 +274,13 @@ def _projection(
 Lookup = Callable[[str, jax.Array, jax.Array], jax.Array]
 
 
-def _frozen_lookup(kind: str, tokens: jax.Array, table: jax.Array) -> jax.Array:
+def frozen_lookup(kind: str, tokens: jax.Array, table: jax.Array) -> jax.Array:
     del kind
     return jnp.take(table, tokens, axis=0)
 
 
 def embed(
-    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = _frozen_lookup
+    params: Params, tokens: jax.Array, dtype: Any = None, lookup: Lookup = frozen_lookup
 ) -> jax.Array:
     """tokens [B, T] int -> residual stream [B, T, hidden] (in ``dtype``, default the table's);
     the row lookup goes through ``lookup("embed_tokens", tokens, table)``."""

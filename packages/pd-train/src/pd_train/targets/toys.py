@@ -91,7 +91,9 @@ __all__ = [
     "separates_every_feature",
     "toy_config",
     "toy_data",
+    "toy_training_item",
     "toy_weights",
+    "toy_weights_path",
 ]
 
 
@@ -207,7 +209,7 @@ def _check_cadence(k: int, cadences: Mapping[str, int]) -> None:
         raise ConfigError(problems)
 
 
-def _training_item(state: TrainState) -> dict[str, Any]:
+def toy_training_item(state: TrainState) -> dict[str, Any]:
     item: dict[str, Any] = {"step": state.step, "opt_state": state.opt_state}
     if state.adversary:
         item["adversary"] = state.adversary
@@ -284,7 +286,8 @@ def decompose(
         from pd_train.run.checkpoints import abstract_like
 
         params, training, _ = checkpoints.restore(
-            decomposition=abstract_like(state.params), training=abstract_like(_training_item(state))
+            decomposition=abstract_like(state.params),
+            training=abstract_like(toy_training_item(state)),
         )
         state = TrainState(
             step=training["step"],
@@ -370,7 +373,7 @@ class _Save(Hook):
 
     def __call__(self, info: StepInfo) -> None:
         self.checkpoints.save(
-            info.step, decomposition=info.state.params, training=_training_item(info.state)
+            info.step, decomposition=info.state.params, training=toy_training_item(info.state)
         )
         self.saved = info.step
 
@@ -698,7 +701,7 @@ def toy_data(toy: ToyConfig) -> Callable[..., jax.Array]:
     return resid_mlp_features
 
 
-def _weights_path(name: str) -> Path:
+def toy_weights_path(name: str) -> Path:
     return Path(__file__).parent / "assets" / f"{name}.npz"
 
 
@@ -753,7 +756,7 @@ def load_weights(path: Path) -> dict[str, Any]:
 
 def toy_weights(name: str) -> dict[str, Any]:
     """The shipped pretrained weights of the built-in toy ``name``."""
-    path = _weights_path(toy_config(name).weights)
+    path = toy_weights_path(toy_config(name).weights)
     if not path.exists():
         msg = f"toy weights {path} missing; run pd-train pretrain builtin:{name}"
         raise FileNotFoundError(msg)
@@ -929,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pretrain":
         toy = toy_config(args.name)
         params, loss = pretrain_toy(toy)
-        out = args.out or _weights_path(toy.weights)
+        out = args.out or toy_weights_path(toy.weights)
         save_weights(params, out)
         print(f"{toy.name}: final loss {loss:.6g}; wrote {out}")
         return 0
