@@ -42,6 +42,7 @@ from pd_train.config.pd import (
     RuntimeConfig,
     SmoothL0ImportanceMinimality,
     StaticProbabilitySubsetRecon,
+    StochasticHiddenActsRecon,
     StochasticRecon,
     SubsetRecon,
     UnmaskedRecon,
@@ -89,6 +90,7 @@ TERMS: dict[str, Any] = {
     "static_probability_subset_recon": StaticProbabilitySubsetRecon(coeff=1.0, p=0.5),
     "ci_masked_recon": CIMaskedRecon(coeff=1.0),
     "unmasked_recon": UnmaskedRecon(coeff=1.0),
+    "stochastic_hidden_acts_recon": StochasticHiddenActsRecon(coeff=1.0),
 }
 
 
