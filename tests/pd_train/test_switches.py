@@ -120,8 +120,8 @@ def test_a_train_step_runs_without_the_delta_component() -> None:
 
 
 BAD = [
-    ({"rounding_threshold": 1.5}, "pd.rounding_threshold: got 1.5; must be in [0.0, 1.0]"),
-    ({"rounding_threshold": -0.1}, "pd.rounding_threshold: got -0.1; must be in [0.0, 1.0]"),
+    ({"rounding_threshold": 1.5}, "pd.rounding_threshold: got 1.5; must be in [0.0, 1.0)"),
+    ({"rounding_threshold": -0.1}, "pd.rounding_threshold: got -0.1; must be in [0.0, 1.0)"),
     ({"use_delta_component": "maybe"}, "pd.use_delta_component"),
 ]
 
