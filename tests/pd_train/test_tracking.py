@@ -506,7 +506,11 @@ def test_pd_train_runs_without_wandb(tmp_path_factory: pytest.TempPathFactory) -
             [sys.executable, "-c", _NO_WANDB, *args],
             capture_output=True,
             text=True,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            # Without WANDB_MODE (W&B may leave its offline mode in this process's environment,
+            # and a wandb: reference is then refused first, as reaching no server): the
+            # missing extra is what this test is about.
+            env={k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+            | {"JAX_PLATFORMS": "cpu"},
             timeout=300,
             check=False,
         )
