@@ -37,10 +37,6 @@ KNOWN_BACK_EDGES = {
     ("pd_train.losses._term", "pd_train.losses.recon"): "TYPE_CHECKING ReconPlan",
     # Type-only: the programs' builders take a Trainer (a protocol would do).
     ("pd_train.train._programs", "pd_train.train.trainer"): "TYPE_CHECKING Trainer",
-    # The summary renders the density analysis's table.
-    ("pd_train.outputs.summary", "pd_train.analysis.density"): "summary -> density",
-    # The untyped ``tracking:`` section is parsed by analysis (issue 26: config -> analysis).
-    ("pd_train.config.run", "pd_train.analysis.tracking"): "tracking: parsed by analysis",
 }
 
 #: "importer imports dotted" private names known to cross modules, left for their owners.

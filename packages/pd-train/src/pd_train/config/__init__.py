@@ -5,6 +5,7 @@
 - :mod:`pd_train.config.pd`: the ``pd:`` section (loss terms, CI functions, optimizers);
 - :mod:`pd_train.config.runtime`: the ``runtime:`` section (dtype, remat, mesh, compile cache);
 - :mod:`pd_train.config.launch`: the ``launch:`` section (SLURM);
+- :mod:`pd_train.config.tracking`: the ``tracking:`` section (Weights & Biases);
 - :mod:`pd_train.config.io`: the one cattrs converter, YAML, overrides, :class:`ConfigError`;
 - :mod:`pd_train.config.hyperparameters`: which fields are structural and which are values;
 - :mod:`pd_train.config.reference`: docs/config-reference.md, generated from the schema.

@@ -21,6 +21,7 @@ from pd_train.config import io as _config_io
 from pd_train.config.io import ConfigError, FieldValueError, non_negative, positive, valid_seed
 from pd_train.config.launch import LaunchConfig
 from pd_train.config.pd import PDConfig, RuntimeConfig
+from pd_train.config.tracking import parse_tracking
 from pd_train.models.llama_config import LLAMA_PRESETS
 from pd_train.targets.registry import TargetConfig
 
@@ -98,7 +99,7 @@ class Config:
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     launch: LaunchConfig = attrs.field(factory=LaunchConfig)
     #: Optional experiment tracking, ``{wandb: {project, entity, mode, tags}}`` (checked by
-    #: :func:`pd_train.analysis.tracking.parse_tracking`); ``pd-train run`` mirrors its
+    #: :func:`pd_train.config.tracking.parse_tracking`); ``pd-train run`` mirrors its
     #: metrics.jsonl into it on process 0. Null: no tracking.
     tracking: dict[str, Any] | None = None
 
@@ -194,8 +195,6 @@ def load_config(
         msg = f"got {config.run_name!r}; use letters, digits, '.', '_' and '-' (a directory name)"
         problems.append(("run_name", msg))
     if config.tracking is not None:
-        from pd_train.analysis.tracking import parse_tracking
-
         try:
             parse_tracking(config.tracking)
         except ConfigError as exc:

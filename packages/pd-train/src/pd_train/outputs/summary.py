@@ -12,6 +12,13 @@ import numpy as np
 
 from pd_train.outputs._metrics import METRICS_FILE
 from pd_train.outputs._progress import format_duration
+from pd_train.outputs.density import (
+    ALWAYS_ON_ABOVE,
+    DENSITY_CLASSES,
+    SPARSE_BELOW,
+    class_counts,
+    density_by_kind,
+)
 from pd_train.outputs.records import (
     KIND_ORDER,
     Record,
@@ -204,8 +211,6 @@ def _verdict(counts: Mapping[str, int]) -> str:
 def _found(records: Sequence[Record], threshold: float | None) -> list[str]:
     """What was found, in words: CE with CI masks vs clean (and the other masks), how many
     components are sparse / moderate / always on / dead, and the total L0."""
-    from pd_train.analysis.density import class_counts, density_by_kind
-
     evals = of_phase(records, "eval")
     ce = last_with_prefix(evals, "eval/ce_ci")
     dens = last_with_prefix(evals, "density/")
@@ -242,6 +247,60 @@ def _found(records: Sequence[Record], threshold: float | None) -> list[str]:
     if len(lines) == 1:
         return []
     return [w for line in lines for w in textwrap.wrap(line, WIDTH, subsequent_indent="    ")]
+
+
+def _fmt_threshold(threshold: float | None) -> str:
+    return "the threshold (pd.l0_threshold)" if threshold is None else f"{threshold:g}"
+
+
+def density_section(records: Sequence[Record], *, threshold: float | None = None) -> list[str]:
+    """The summary's component lines (empty without an eval record with ``alive/<site>``).
+
+    threshold: the run's ``pd.l0_threshold`` (ci_lower above it counts as active), named in
+    the lines; None names the field instead.
+    """
+    record = last_with_prefix(of_phase(records, "eval"), "alive/")
+    if record is None:
+        return []
+    alive = {k[len("alive/") :]: int(v) for k, v in record.items() if k.startswith("alive/")}
+    by_kind = density_by_kind(record)
+    tokens = finite(record.get("density_tokens"))
+    on = f"{int(tokens)} eval tokens" if tokens else "the eval tokens"
+    t = _fmt_threshold(threshold)
+    lines = [
+        f"components (eval, step {record.get('step')}, {on}; "
+        f"density = fraction of tokens with ci_lower > {t}):"
+    ]
+    if by_kind:
+        rows = []
+        for kind, values in [*by_kind.items(), ("all", np.concatenate(list(by_kind.values())))]:
+            counts = class_counts(values)
+            live = values[values > 0]
+            median = f"{np.median(live):.3g}" if live.size else "-"
+            rows.append([kind, values.size, *(counts[c] for c in DENSITY_CLASSES), median])
+        headers = ["kind", "components", *DENSITY_CLASSES, "median density (alive)"]
+        lines += table(headers, rows)
+        lines.append(
+            f"  sparse: 0 < density < {SPARSE_BELOW:g}; moderate: {SPARSE_BELOW:g} to "
+            f"{ALWAYS_ON_ABOVE:g}; always on: above {ALWAYS_ON_ABOVE:g}; dead: 0"
+        )
+    total = sum(by_kind[k].size for k in by_kind)
+    logged = {s for s in alive if f"density/{s}" in record}
+    n_alive = sum(alive.values())
+    window = f"the last {int(tokens)} tokens" if tokens else "the eval's tokens"
+    of_total = f" of {total}" if len(logged) == len(alive) and total else ""
+    lines.append(
+        f"  alive: {n_alive}{of_total} in {len(alive)} site{'' if len(alive) == 1 else 's'} "
+        "(spd's AliveComponentsTracker: "
+        f"ci_lower > {t} on at least one of {window})"
+    )
+    if len(logged) < len(alive):
+        unlogged = sum(v for s, v in alive.items() if s not in logged)
+        lines.append(
+            f"  {len(alive) - len(logged)} of them too large to log per-component density "
+            f"({unlogged} alive there) are left out of the table"
+        )
+    return lines
 
 
 def _eval(records: Sequence[Record]) -> list[str]:
@@ -330,8 +389,6 @@ def render_summary(
     header.update({str(k): str(v) for k, v in (extra or {}).items()})
     width = max(len(k) for k in header)
     lines = ["pd-train summary", *(f"  {k.ljust(width)}  {v}" for k, v in header.items())]
-    from pd_train.analysis.density import density_section
-
     threshold = _threshold(run_dir)
     sections = (
         _found(records, threshold),
