@@ -19,7 +19,7 @@ from pd_train.config.pd import CIConfig, register_ci_config
 from pd_train.decomposition import Decomposition
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
+    from pd_train.census import CensusContext
 
 __all__ = ["CI_TYPES", "CIType", "ci_type", "register_ci_type"]
 

@@ -17,7 +17,7 @@ from pd_train.config.pd import SharedMLPCI
 from pd_train.decomposition import KindLayout
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
+    from pd_train.census import CensusContext
 
 __all__ = ["SharedMLPCIFunction", "SharedMLPCIType"]
 

@@ -62,7 +62,7 @@ from pd_train.losses.chunk_vjp import scan_map
 from pd_train.models import llama
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
+    from pd_train.census import CensusContext
 
 __all__ = ["ChunkwiseTransformerCIType", "GlobalTransformerCIType", "TransformerCIFunction"]
 

@@ -153,9 +153,7 @@ register_ci_config = _CI_CONFIGS.register
 register_loss_config = _LOSS_CONFIGS.register
 
 
-def _transformer_problems(
-    ci: ChunkwiseTransformerCI | GlobalTransformerCI, path: str
-) -> list[tuple[str, str]]:
+def _transformer_problems(ci: TransformerCIFields, path: str) -> list[tuple[str, str]]:
     problems = []
     if ci.d_model % ci.n_heads:
         divisors = [h for h in range(1, ci.d_model + 1) if ci.d_model % h == 0]
@@ -217,9 +215,34 @@ class VectorMLPCI(CIConfig):
     hidden_dims: tuple[int, ...] = attrs.field(default=(16,), validator=_positive_ints)
 
 
-@register_ci_config
+def _own_fields_first(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:  # type: ignore[type-arg]
+    """A subclass's own fields (its ``type`` tag first) before the ones it inherits, so a
+    member's YAML, repr and schema read as if it declared them all itself."""
+    del cls
+    return [f for f in fields if not f.inherited] + [f for f in fields if f.inherited]
+
+
 @attrs.frozen(kw_only=True)
-class ChunkwiseTransformerCI(CIConfig):
+class TransformerCIFields(CIConfig):
+    """The fields the two transformer CI types share (not a ``pd.ci`` type itself): the
+    width ``d_model``, ``n_blocks`` pre-norm blocks (bidirectional attention with RoPE of base
+    ``rope_theta``, ``n_heads`` query heads and ``n_kv_heads`` K/V heads (default ``n_heads``),
+    no attention bias; MLP Linear+bias -> exact GELU (``mlp_hidden`` wide) -> Linear+bias)."""
+
+    d_model: int = attrs.field(validator=positive())
+    n_blocks: int = attrs.field(validator=positive())
+    n_heads: int = attrs.field(validator=positive())
+    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
+    mlp_hidden: int = attrs.field(validator=positive())
+    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
+
+    def problems(self, path: str) -> list[tuple[str, str]]:
+        return _transformer_problems(self, path)
+
+
+@register_ci_config
+@attrs.frozen(kw_only=True, field_transformer=_own_fields_first)
+class ChunkwiseTransformerCI(TransformerCIFields):
     """The decomposed layers cut into consecutive chunks of ``blocks_per_chunk``; per chunk an
     independent transformer: each distinct site input RMS-normalized (no learned scale) and
     concatenated -> Linear to ``d_model`` -> ``n_blocks`` pre-norm blocks (bidirectional
@@ -229,33 +252,15 @@ class ChunkwiseTransformerCI(CIConfig):
 
     type: Literal["chunkwise_transformer"] = "chunkwise_transformer"
     blocks_per_chunk: int = attrs.field(default=1, validator=positive())
-    d_model: int = attrs.field(validator=positive())
-    n_blocks: int = attrs.field(validator=positive())
-    n_heads: int = attrs.field(validator=positive())
-    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
-    mlp_hidden: int = attrs.field(validator=positive())
-    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
-
-    def problems(self, path: str) -> list[tuple[str, str]]:
-        return _transformer_problems(self, path)
 
 
 @register_ci_config
-@attrs.frozen(kw_only=True)
-class GlobalTransformerCI(CIConfig):
+@attrs.frozen(kw_only=True, field_transformer=_own_fields_first)
+class GlobalTransformerCI(TransformerCIFields):
     """The chunkwise transformer with one chunk over every decomposed site (spd's global
     shared transformer); same fields but no ``blocks_per_chunk``."""
 
     type: Literal["global_transformer"] = "global_transformer"
-    d_model: int = attrs.field(validator=positive())
-    n_blocks: int = attrs.field(validator=positive())
-    n_heads: int = attrs.field(validator=positive())
-    n_kv_heads: int | None = attrs.field(default=None, validator=positive())
-    mlp_hidden: int = attrs.field(validator=positive())
-    rope_theta: float = attrs.field(default=10_000.0, validator=positive())
-
-    def problems(self, path: str) -> list[tuple[str, str]]:
-        return _transformer_problems(self, path)
 
 
 def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, str]]:

@@ -3,7 +3,9 @@ own module, over pure functions of small arrays reduced in fp32.
 
 To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) and a
 ``LossTerm`` subclass with ``config_cls`` set, registered by ``register_loss_term(MyTerm())``
-(see :mod:`pd_train.losses._term` for what a term describes). The built-in terms:
+(see :mod:`pd_train.losses._term` for what a term describes; a recon term over drawn sources
+subclasses :class:`~pd_train.losses.recon.SampledReconTerm` and gives its plan). The built-in
+terms:
 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
@@ -19,7 +21,8 @@ What they build on:
 
 * :mod:`~pd_train.losses.faithfulness` — ‖W − V@U‖²;
 * :mod:`~pd_train.losses.importance` — importance minimality (p annealing) and L0;
-* :mod:`~pd_train.losses.recon` — recon plans, per-position routing and the scanned recon loss;
+* :mod:`~pd_train.losses.plan` — recon plans (the chunks of live sites, the routing);
+* :mod:`~pd_train.losses.recon` — per-position routing and the scanned recon loss;
 * :mod:`~pd_train.losses.pgd` — adversarial sources: fresh PGD and persistent PGD.
 """
 
@@ -47,11 +50,9 @@ from pd_train.losses.importance import (
 from pd_train.losses.persistent_pgd_recon import PersistentPGDReconTerm
 from pd_train.losses.pgd import FreshPGD, PersistentPGD, adam_ascent, sign_ascent
 from pd_train.losses.pgd_recon import PGDReconTerm
+from pd_train.losses.plan import ReconPlan, all_sites_plan, all_sites_subset_plan, chunkwise_plan
 from pd_train.losses.recon import (
-    ReconPlan,
-    all_sites_plan,
-    all_sites_subset_plan,
-    chunkwise_plan,
+    SampledReconTerm,
     kl_clean_masked,
     paired_all_sites_loss,
     recon_loss,
@@ -83,6 +84,7 @@ __all__ = [
     "PersistentPGD",
     "PersistentPGDReconTerm",
     "ReconPlan",
+    "SampledReconTerm",
     "SmoothL0ImportanceMinimality",
     "SmoothL0ImportanceMinimalityTerm",
     "StaticProbabilitySubsetReconTerm",

@@ -30,9 +30,9 @@ from pd_train.config.pd import LossMetric, PDConfig, register_loss_config
 
 if TYPE_CHECKING:
     from pd_train._forward import ForwardSpec
+    from pd_train.census import CensusContext
     from pd_train.decomposition import Decomposition
-    from pd_train.flops import CensusContext
-    from pd_train.losses.recon import ReconPlan
+    from pd_train.losses.plan import ReconPlan
 
 __all__ = ["LOSS_TERMS", "LossTerm", "TermInputs", "loss_term", "register_loss_term"]
 

@@ -4,7 +4,7 @@ delta component (spd's ``CIMaskedReconLoss``), as a training term."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from pd_train.config.pd import CIMaskedRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
-from pd_train.losses.recon import ReconPlan, all_sites_plan, recon_term_value
+from pd_train.losses.plan import ReconPlan, all_sites_plan
+from pd_train.losses.recon import recon_term_value
 
 __all__ = ["CIMaskedReconTerm", "fixed_mask_recon"]
 
@@ -32,9 +33,12 @@ def fixed_mask_recon(
 
 
 class CIMaskedReconTerm(LossTerm):
-    """Route-all plan, m = ci_lower, δ = 0. No structural fields."""
+    """Route-all plan, m = ci_lower, δ = 0 (with :attr:`ones`, m = 1: ``unmasked_recon``). No
+    structural fields."""
 
     config_cls = CIMaskedRecon
+    #: m = 1 at every site instead of m = ci_lower (:func:`fixed_mask_recon`'s ``ones``).
+    ones: ClassVar[bool] = False
 
     def plan(self, config: Any, decomposition: Decomposition) -> ReconPlan:
         return all_sites_plan(decomposition)
@@ -49,7 +53,7 @@ class CIMaskedReconTerm(LossTerm):
         key: jax.Array,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         assert plan is not None
-        return fixed_mask_recon(inputs, plan, key=key, ones=False), {}
+        return fixed_mask_recon(inputs, plan, key=key, ones=self.ones), {}
 
 
 register_loss_term(CIMaskedReconTerm())

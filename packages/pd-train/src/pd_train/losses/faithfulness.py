@@ -14,8 +14,8 @@ from pd_train.decomposition import Decomposition, site_weights
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
-    from pd_train.losses.recon import ReconPlan
+    from pd_train.census import CensusContext
+    from pd_train.losses.plan import ReconPlan
 
 __all__ = ["FaithfulnessTerm", "faithfulness"]
 

@@ -17,8 +17,8 @@ from pd_train.config.pd import ImportanceMinimality, PDConfig
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
-    from pd_train.losses.recon import ReconPlan
+    from pd_train.census import CensusContext
+    from pd_train.losses.plan import ReconPlan
 
 __all__ = [
     "ImportanceMinimalityTerm",
@@ -26,6 +26,7 @@ __all__ = [
     "importance_minimality",
     "importance_terms",
     "l0",
+    "linear_anneal",
     "pnorm_at",
     "pnorm_hyperparams",
 ]
@@ -48,11 +49,19 @@ def annealed_pnorm(hp: Mapping[str, Any], step: Any) -> jax.Array:
     """p at ``step`` from :func:`pnorm_hyperparams`' values (arrays or floats): pnorm_start
     before the window, pnorm_end after it, linear in between (a step function at anneal_start
     when the window is empty)."""
+    return linear_anneal(
+        step, hp["anneal_start"], hp["anneal_span"], hp["pnorm_start"], hp["pnorm_delta"]
+    )
+
+
+def linear_anneal(step: Any, start: Any, span: Any, initial: Any, delta: Any) -> jax.Array:
+    """f32 []: ``initial`` before step ``start``, ``initial + delta`` after ``start + span``,
+    linear in between (a step function at ``start`` when ``span`` is 0). Arguments: arrays or
+    floats (the schedules' scalars are data of the step)."""
     step = jnp.asarray(step, jnp.float32)
-    span = hp["anneal_span"]
-    ramp = jnp.clip((step - hp["anneal_start"]) / jnp.where(span > 0, span, 1.0), 0.0, 1.0)
-    frac = jnp.where(span > 0, ramp, (step >= hp["anneal_start"]).astype(jnp.float32))
-    return hp["pnorm_start"] + hp["pnorm_delta"] * frac
+    ramp = jnp.clip((step - start) / jnp.where(span > 0, span, 1.0), 0.0, 1.0)
+    frac = jnp.where(span > 0, ramp, (step >= start).astype(jnp.float32))
+    return initial + delta * frac
 
 
 def pnorm_at(term: ImportanceMinimality, step: jax.Array, total_steps: int) -> jax.Array:

@@ -16,10 +16,11 @@ from pd_train.config.pd import ConfigError, PDConfig, PersistentPGDRecon
 from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 from pd_train.losses.pgd import PersistentPGD, persistent_pgd_hyperparams
-from pd_train.losses.recon import ReconPlan, all_sites_plan, recon_term_value
+from pd_train.losses.plan import ReconPlan, all_sites_plan
+from pd_train.losses.recon import recon_term_value
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
+    from pd_train.census import CensusContext
 
 __all__ = ["PersistentPGDReconTerm"]
 

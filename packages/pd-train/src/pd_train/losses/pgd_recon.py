@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import jax
-
 from pd_train.config.pd import PDConfig, PGDRecon
 from pd_train.decomposition import Decomposition
-from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
+from pd_train.losses._term import Hyperparams, register_loss_term
 from pd_train.losses.pgd import FreshPGD
-from pd_train.losses.recon import ReconPlan, all_sites_plan, chunkwise_plan, recon_term_value
+from pd_train.losses.plan import ReconPlan, all_sites_plan, chunkwise_plan
+from pd_train.losses.recon import SampledReconTerm
 
 if TYPE_CHECKING:
-    from pd_train.flops import CensusContext
+    from pd_train.census import CensusContext
 
 __all__ = ["PGDReconTerm"]
 
 
-class PGDReconTerm(LossTerm):
+class PGDReconTerm(SampledReconTerm):
     """Route-all plan (``sites_per_chunk`` null) or the chunkwise-subset plan. Values: coeff,
     step_size. Structural: init, n_steps, mask_scope, sites_per_chunk, n_samples."""
 
@@ -33,18 +32,8 @@ class PGDReconTerm(LossTerm):
     def hyperparams(self, config: Any, pd: PDConfig) -> dict[str, float | int]:
         return {"coeff": float(config.coeff), "step_size": float(config.step_size)}
 
-    def value(
-        self,
-        config: Any,
-        inputs: TermInputs,
-        *,
-        plan: ReconPlan | None,
-        hp: Hyperparams,
-        key: jax.Array,
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        assert plan is not None
-        pgd = FreshPGD.of(config, step_size=hp["step_size"])
-        return recon_term_value(inputs, plan, n_samples=config.n_samples, key=key, pgd=pgd), {}
+    def recon_options(self, config: Any, hp: Hyperparams) -> dict[str, Any]:
+        return {"pgd": FreshPGD.of(config, step_size=hp["step_size"])}
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         assert plan is not None

@@ -1,14 +1,14 @@
-"""Recon plans and the recon loss: masked forwards over chunks of live sites.
+"""The recon loss: masked forwards over chunks of live sites.
 
-A plan is the static list of chunks of one recon term. Per chunk the loop body gets only small
-per-chunk data — which sites are live (a [S] mask over the decomposition's sites in canonical
-order), how many, the chunk and draw numbers — and rebuilds everything else from them, so every
-chunk has the same body and the chunk loop is one ``lax.scan`` (``chunk_loop="scan"``). Because
-liveness is data and not structure, this holds for non-uniform plans too (a smaller last chunk,
-chunks that cut a layer); ``is_uniform`` is reported for information. ``chunk_loop="unroll"``
-traces each chunk separately with its liveness static (the structure of a Python-unrolled
-plan: n_chunks specialized masked forwards in one graph), for A/B; both give the same loss and
-gradients.
+A plan (:mod:`pd_train.losses.plan`, re-exported here) is the static list of chunks of one recon
+term. Per chunk the loop body gets only small per-chunk data — which sites are live (a [S] mask
+over the decomposition's sites in canonical order), how many, the chunk and draw numbers — and
+rebuilds everything else from them, so every chunk has the same body and the chunk loop is one
+``lax.scan`` (``chunk_loop="scan"``). Because liveness is data and not structure, this holds for
+non-uniform plans too (a smaller last chunk, chunks that cut a layer); ``is_uniform`` is reported
+for information. ``chunk_loop="unroll"`` traces each chunk separately with its liveness static (the
+structure of a Python-unrolled plan: n_chunks specialized masked forwards in one graph), for A/B;
+both give the same loss and gradients.
 
 Keys: the term key is folded with the chunk number, then with the draw number; the draw key is
 folded with 0 for the sources (then per site, :func:`pd_train._forward.site_id`) and with 1 for
@@ -19,24 +19,25 @@ start from the draw's source key (see :mod:`pd_train.losses.pgd`).
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pd_train._forward import ForwardSpec, masked_forward, site_id
 from pd_train.decomposition import Decomposition
-from pd_train.losses._term import TermInputs
+from pd_train.losses._term import Hyperparams, LossTerm, TermInputs
 from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
+from pd_train.losses.plan import ReconPlan, all_sites_plan, all_sites_subset_plan, chunkwise_plan
 from pd_train.sources import sample_source
 
 __all__ = [
     "ReconPlan",
+    "SampledReconTerm",
     "all_sites_plan",
+    "all_sites_subset_plan",
     "chunkwise_plan",
     "kl_clean_masked",
     "layer_windows",
@@ -74,70 +75,6 @@ def output_divergence(spec: ForwardSpec, clean: jax.Array, masked: jax.Array) ->
     if spec.target.output_loss == "mse":
         return mse_clean_masked(clean, masked)
     return kl_clean_masked(clean, masked)
-
-
-@attrs.frozen(kw_only=True)
-class ReconPlan:
-    """Chunks of site indices (canonical order) and how positions are routed.
-
-    ``routing="all"``: every position of a live site takes its component path (stochastic recon).
-    ``routing="subset"``: per chunk, draw and position independently, k ~ U{1..n_live} and a
-    uniformly random k-subset of the chunk's sites takes the component path (chunkwise subset
-    recon, as spd's ``sample_uniform_k_subset_routing_masks``). ``routing="static_probability"``:
-    per chunk, draw, live site and position independently, the site takes its component path
-    with a fixed probability p (spd's ``StaticProbabilityRouter``; p is data, given to
-    :func:`recon_loss`).
-    """
-
-    chunks: tuple[tuple[int, ...], ...]
-    n_sites: int
-    routing: Literal["all", "subset", "static_probability"]
-
-    @property
-    def n_chunks(self) -> int:
-        return len(self.chunks)
-
-    def site_masks(self) -> np.ndarray:
-        """[n_chunks, n_sites] bool: which sites each chunk makes live."""
-        out = np.zeros((self.n_chunks, self.n_sites), dtype=bool)
-        for i, chunk in enumerate(self.chunks):
-            out[i, list(chunk)] = True
-        return out
-
-    def n_live(self) -> np.ndarray:
-        return np.array([len(c) for c in self.chunks], dtype=np.int32)
-
-    def is_uniform(self, decomposition: Decomposition) -> bool:
-        """Whether every chunk holds the same number of sites of each kind."""
-        sites = decomposition.sites
-        counts = [Counter(sites[i].kind for i in chunk) for chunk in self.chunks]
-        return all(c == counts[0] for c in counts)
-
-
-def chunkwise_plan(
-    decomposition: Decomposition,
-    sites_per_chunk: int,
-    routing: Literal["subset", "static_probability"] = "subset",
-) -> ReconPlan:
-    """Sites in canonical order, cut into consecutive chunks of ``sites_per_chunk``."""
-    n = len(decomposition.sites)
-    chunks = tuple(
-        tuple(range(i, min(i + sites_per_chunk, n))) for i in range(0, n, sites_per_chunk)
-    )
-    return ReconPlan(chunks=chunks, n_sites=n, routing=routing)
-
-
-def all_sites_plan(decomposition: Decomposition) -> ReconPlan:
-    """One chunk with every site live at every position."""
-    n = len(decomposition.sites)
-    return ReconPlan(chunks=(tuple(range(n)),), n_sites=n, routing="all")
-
-
-def all_sites_subset_plan(decomposition: Decomposition) -> ReconPlan:
-    """One chunk of every site with subset routing: per position, k ~ U{1..n_sites} and a
-    random k-subset of all sites live (``subset_recon``)."""
-    n = len(decomposition.sites)
-    return ReconPlan(chunks=(tuple(range(n)),), n_sites=n, routing="subset")
 
 
 def site_grid(decomposition: Decomposition) -> np.ndarray:
@@ -574,3 +511,28 @@ def recon_term_value(
         sources=sources,
         route_probability=route_probability,
     )
+
+
+class SampledReconTerm(LossTerm):
+    """A recon term whose value is :func:`recon_term_value` over its plan with
+    ``config.n_samples`` draws (masks from the CI and drawn sources). A subclass gives the
+    :meth:`plan`, and the term's own options of the recon (a routing probability, a PGD) by
+    :meth:`recon_options`."""
+
+    def recon_options(self, config: Any, hp: Hyperparams) -> dict[str, Any]:
+        """Keyword arguments of :func:`recon_term_value` beyond the draws (default none)."""
+        del config, hp
+        return {}
+
+    def value(
+        self,
+        config: Any,
+        inputs: TermInputs,
+        *,
+        plan: ReconPlan | None,
+        hp: Hyperparams,
+        key: jax.Array,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        assert plan is not None
+        options = self.recon_options(config, hp)
+        return recon_term_value(inputs, plan, n_samples=config.n_samples, key=key, **options), {}

@@ -34,11 +34,12 @@ import jax.numpy as jnp
 
 from pd_train.config.pd import PDConfig, SmoothL0ImportanceMinimality
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
+from pd_train.losses.importance import linear_anneal
 
 if TYPE_CHECKING:
+    from pd_train.census import CensusContext
     from pd_train.decomposition import Decomposition
-    from pd_train.flops import CensusContext
-    from pd_train.losses.recon import ReconPlan
+    from pd_train.losses.plan import ReconPlan
 
 __all__ = [
     "SmoothL0ImportanceMinimality",
@@ -65,11 +66,13 @@ def gamma_hyperparams(term: SmoothL0ImportanceMinimality, total_steps: int) -> d
 def gamma_at(hp: Mapping[str, Any], step: Any) -> jax.Array:
     """γ at ``step`` from :func:`gamma_hyperparams`' values: gamma_start before the window,
     gamma_end after it, linear in between (a step at the window start when it is empty)."""
-    step = jnp.asarray(step, jnp.float32)
-    span = hp["gamma_anneal_span"]
-    ramp = jnp.clip((step - hp["gamma_anneal_start"]) / jnp.where(span > 0, span, 1.0), 0.0, 1.0)
-    frac = jnp.where(span > 0, ramp, (step >= hp["gamma_anneal_start"]).astype(jnp.float32))
-    return hp["gamma_start"] + hp["gamma_delta"] * frac
+    return linear_anneal(
+        step,
+        hp["gamma_anneal_start"],
+        hp["gamma_anneal_span"],
+        hp["gamma_start"],
+        hp["gamma_delta"],
+    )
 
 
 def smooth_l0_frequencies(

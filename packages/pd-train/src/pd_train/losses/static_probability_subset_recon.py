@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from pd_train.config.pd import PDConfig, StaticProbabilitySubsetRecon
 from pd_train.decomposition import Decomposition
-from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
-from pd_train.losses.recon import ReconPlan, chunkwise_plan, recon_term_value
+from pd_train.losses._term import Hyperparams, register_loss_term
+from pd_train.losses.plan import ReconPlan, chunkwise_plan
+from pd_train.losses.recon import SampledReconTerm
 
 __all__ = ["StaticProbabilitySubsetReconTerm"]
 
 
-class StaticProbabilitySubsetReconTerm(LossTerm):
+class StaticProbabilitySubsetReconTerm(SampledReconTerm):
     """Values: coeff, p. Structural: ``sites_per_chunk``, ``n_samples``."""
 
     config_cls = StaticProbabilitySubsetRecon
@@ -29,20 +28,8 @@ class StaticProbabilitySubsetReconTerm(LossTerm):
         del pd
         return {"coeff": float(config.coeff), "p": float(config.p)}
 
-    def value(
-        self,
-        config: Any,
-        inputs: TermInputs,
-        *,
-        plan: ReconPlan | None,
-        hp: Hyperparams,
-        key: jax.Array,
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        assert plan is not None
-        value = recon_term_value(
-            inputs, plan, n_samples=config.n_samples, key=key, route_probability=hp["p"]
-        )
-        return value, {}
+    def recon_options(self, config: Any, hp: Hyperparams) -> dict[str, Any]:
+        return {"route_probability": hp["p"]}
 
 
 register_loss_term(StaticProbabilitySubsetReconTerm())

@@ -51,7 +51,8 @@ from pd_train._forward import (
 from pd_train.config.pd import StochasticHiddenActsRecon
 from pd_train.decomposition import GLOBAL_KINDS, Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
-from pd_train.losses.recon import ReconPlan, all_sites_plan, site_grid
+from pd_train.losses.plan import ReconPlan, all_sites_plan
+from pd_train.losses.recon import site_grid
 
 __all__ = ["StochasticHiddenActsReconTerm", "hidden_acts_recon", "hidden_acts_source_keys"]
 

@@ -3,14 +3,20 @@ and compiled programs (:meth:`pd_train.train.Trainer.hyperparam_arrays`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if TYPE_CHECKING:
-    from pd_train.train.trainer import Trainer
+
+class HyperparamSource(Protocol):
+    """What the wrappers below need of a :class:`pd_train.train.Trainer`: its hyperparameters
+    as [] arrays (the values of this step) and as abstract values (for a lowering)."""
+
+    def hyperparam_arrays(self) -> Any: ...
+
+    def abstract_hyperparams(self) -> Any: ...
 
 
 def scalar_dtype(value: Any) -> Any:
@@ -34,7 +40,7 @@ class _WithHyperparams:
     :meth:`Trainer.hyperparam_arrays` (or their abstract values) as ``hp``. ``.jit`` is the
     five-argument jit."""
 
-    def __init__(self, jit: Any, trainer: Trainer) -> None:
+    def __init__(self, jit: Any, trainer: HyperparamSource) -> None:
         self.jit = jit
         self._trainer = trainer
 
@@ -50,7 +56,7 @@ class _LoweredStep:
     """A lowered train step whose ``compile()`` gives a four-argument program (the
     hyperparameters bound); everything else is the ``jax.stages.Lowered``'s (``.lowered``)."""
 
-    def __init__(self, lowered: Any, trainer: Trainer) -> None:
+    def __init__(self, lowered: Any, trainer: HyperparamSource) -> None:
         self.lowered = lowered
         self._trainer = trainer
 
@@ -65,7 +71,7 @@ class _CompiledStep:
     """A compiled train step called as ``(state, target, tokens, key)``; everything else is the
     ``jax.stages.Compiled``'s (``.compiled``; call it with ``hp`` as a fifth argument)."""
 
-    def __init__(self, compiled: Any, trainer: Trainer) -> None:
+    def __init__(self, compiled: Any, trainer: HyperparamSource) -> None:
         self.compiled = compiled
         self._trainer = trainer
 
