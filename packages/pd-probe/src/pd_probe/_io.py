@@ -14,16 +14,7 @@ def write_json(path: Path, data: Any) -> None:
 
     A reader never sees a half-written file, even if the writer dies mid-way.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n")
 
 
 def write_text(path: Path, text: str) -> None:

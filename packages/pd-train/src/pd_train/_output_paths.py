@@ -1,4 +1,5 @@
-"""Whether an output path can be written, asked before any work starts.
+"""Whether an output path can be written, asked before any work starts; a fresh dated
+directory to write into (:func:`dated_dir`).
 
 Every command that writes (``run``'s ``output_dir`` and ``--run-dir``, ``analyze --out`` and
 its default under the run dir, ``report --out``, ``tokenize --out``, ``pretrain --out``,
@@ -16,9 +17,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
-__all__ = ["directory_problem", "file_problem"]
+__all__ = ["dated_dir", "directory_problem", "file_problem"]
+
+
+def dated_dir(root: str | Path, name: str) -> Path:
+    """A directory that does not exist yet (nothing is made): ``root/NAME-YYYYmmdd-HHMMSS``,
+    then ``-2``, ``-3``, ... appended while that exists; a relative ``root`` (``~`` expanded)
+    is under the working directory. A new run dir, sweep dir or toy run dir."""
+    root = Path(root).expanduser()
+    if not root.is_absolute():
+        root = Path.cwd() / root
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = root / f"{name}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{name}-{stamp}-{n}"
+    return path
 
 
 def _write_error(directory: Path) -> str | None:

@@ -58,6 +58,7 @@ __all__ = [
     "analyze_run",
     "build_table",
     "read_table",
+    "run_dir_problem",
     "write_table",
 ]
 
@@ -124,17 +125,23 @@ def _check_flags(n_batches: int, top_k: int, threshold: float | None, window: in
         raise AnalysisError("; ".join(problems))
 
 
+def run_dir_problem(run_dir: Path, config_file: str) -> str | None:
+    """Why ``run_dir`` is not a run dir (not a directory, no ``config_file`` in it), or None."""
+    if not run_dir.is_dir():
+        what = "is not a directory" if run_dir.exists() else "does not exist"
+        return f"run dir {run_dir} {what}"
+    if not (run_dir / config_file).is_file():
+        return f"run dir {run_dir}: no {config_file}; not a run dir"
+    return None
+
+
 def _check_run_dir(run_dir: Path, checkpoint: int | None) -> int:
     """The checkpoint step to analyze; AnalysisError when the run dir cannot give one."""
     from pd_train.run import CONFIG_FILE, checkpoint_steps
 
-    if not run_dir.is_dir():
-        what = "is not a directory" if run_dir.exists() else "does not exist"
-        msg = f"run dir {run_dir} {what}"
-        raise AnalysisError(msg)
-    if not (run_dir / CONFIG_FILE).is_file():
-        msg = f"run dir {run_dir}: no {CONFIG_FILE}; not a run dir"
-        raise AnalysisError(msg)
+    problem = run_dir_problem(run_dir, CONFIG_FILE)
+    if problem is not None:
+        raise AnalysisError(problem)
     steps = checkpoint_steps(run_dir)
     if not steps:
         msg = (

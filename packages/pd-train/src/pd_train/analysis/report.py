@@ -290,13 +290,11 @@ def render_report(run_dir: str | Path, *, analysis: str | Path | None = None) ->
 
 def _check_run_dir(run_dir: Path, config_file: str) -> None:
     """ReportError unless ``run_dir`` is a directory holding the run's config."""
-    if not run_dir.is_dir():
-        what = "is not a directory" if run_dir.exists() else "does not exist"
-        msg = f"run dir {run_dir} {what}"
-        raise ReportError(msg)
-    if not (run_dir / config_file).is_file():
-        msg = f"run dir {run_dir}: no {config_file}; not a run dir"
-        raise ReportError(msg)
+    from pd_train.analysis.components import run_dir_problem
+
+    problem = run_dir_problem(run_dir, config_file)
+    if problem is not None:
+        raise ReportError(problem)
 
 
 def _read_analysis(analysis_file: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:

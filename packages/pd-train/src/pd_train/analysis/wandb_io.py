@@ -101,21 +101,13 @@ _QUIET = _QuietFigureThread()
 def render_eval_figures(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """The :data:`EVAL_PLOTS` of ``records`` (each shows the last eval among them) as PNGs in
     ``out_dir``; a plot that fails or has no data is skipped (as ``write_plots`` does)."""
-    from pd_train.outputs.plots import PLOTS
+    from pd_train.outputs.plots import write_plots
 
     plots_log = logging.getLogger("pd_train.outputs")
     if _QUIET not in plots_log.filters:
         plots_log.addFilter(_QUIET)
-
-    paths: list[Path] = []
-    for plot in PLOTS:
-        if plot.__name__ not in EVAL_PLOTS:
-            continue
-        try:
-            paths += plot(records, out_dir)
-        except Exception:
-            log.warning("tracking: figure %s failed; not logged", plot.__name__, exc_info=True)
-    return paths
+    failure = "tracking: figure %s failed; not logged"
+    return write_plots(records, out_dir, names=EVAL_PLOTS, failure=failure, logger=log)
 
 
 def is_eval_figure(name: str) -> bool:

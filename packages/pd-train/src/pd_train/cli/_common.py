@@ -12,6 +12,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "add_config_args",
     "add_device_args",
+    "add_distributed_args",
     "config_source",
     "fail",
     "is_toy_config",
@@ -53,6 +54,19 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run on N >= 1 simulated CPU devices (sets XLA_FLAGS before JAX starts)",
     )
+
+
+def add_distributed_args(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """``--distributed`` (``help``: what the process layout is for this subcommand) and the
+    explicit layout's ``--coordinator``, ``--num-processes``, ``--process-id``,
+    ``--process-per`` (read by :func:`pd_train.run.distributed.resolve_placement`)."""
+    parser.add_argument(
+        "--distributed", choices=("none", "slurm", "explicit"), default="none", help=help
+    )
+    parser.add_argument("--coordinator", help="HOST:PORT of process 0 (--distributed explicit)")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
+    parser.add_argument("--process-per", choices=("node", "device"), default="node")
 
 
 def fail(message: str, code: int = 2) -> int:

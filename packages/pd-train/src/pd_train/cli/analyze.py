@@ -55,21 +55,14 @@ def _add_analyze_parser(subparsers: Any) -> None:
         metavar="FILE",
         help="Parquet file (default RUN_DIR/analysis/components-stepSTEP.parquet)",
     )
-    from pd_train.cli._common import positive_int
+    from pd_train.cli._common import add_distributed_args, positive_int
 
     p.add_argument(
         "--simulate-devices", type=positive_int, metavar="N", help="N >= 1 simulated CPU devices"
     )
-    p.add_argument(
-        "--distributed",
-        choices=("none", "slurm", "explicit"),
-        default="none",
-        help="process layout, as for `pd-train run` (process 0 writes the table)",
+    add_distributed_args(
+        p, help="process layout, as for `pd-train run` (process 0 writes the table)"
     )
-    p.add_argument("--coordinator", help="HOST:PORT of process 0 (--distributed explicit)")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
-    p.add_argument("--process-per", choices=("node", "device"), default="node")
 
 
 def _add_report_parser(subparsers: Any) -> None:

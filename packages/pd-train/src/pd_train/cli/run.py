@@ -13,6 +13,7 @@ from typing import Any
 from pd_train.cli._common import (
     add_config_args,
     add_device_args,
+    add_distributed_args,
     config_source,
     fail,
     is_toy_config,
@@ -56,16 +57,9 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         help="stop after this many steps (>= 1; the schedule stays that of pd.steps)",
     )
-    p.add_argument(
-        "--distributed",
-        choices=("none", "slurm", "explicit"),
-        default="none",
-        help="process layout: one process, a task of an srun step, or given explicitly",
+    add_distributed_args(
+        p, help="process layout: one process, a task of an srun step, or given explicitly"
     )
-    p.add_argument("--coordinator", help="HOST:PORT of process 0 (--distributed explicit)")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
-    p.add_argument("--process-per", choices=("node", "device"), default="node")
     add_device_args(p)
 
 

@@ -39,10 +39,10 @@ import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pd_train._output_paths import dated_dir
 from pd_train.config.io import ConfigError, add_override_argument, parse_override, parse_path
 
 __all__ = ["Point", "add_parser", "parse_grid", "plan_points", "structural_notes", "sweep"]
@@ -259,16 +259,7 @@ def _validate(source: str | Path, points: Sequence[Point], *, slurm: bool) -> li
 
 
 def _default_sweep_dir(prepared: Any) -> Path:
-    root = Path(prepared.config.output_dir).expanduser()
-    if not root.is_absolute():
-        root = Path.cwd() / root
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = root / f"{prepared.config.run_name}-sweep-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{prepared.config.run_name}-sweep-{stamp}-{n}"
-    return path
+    return dated_dir(prepared.config.output_dir, f"{prepared.config.run_name}-sweep")
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -217,13 +216,9 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _new_run_dir(name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path.cwd() / "outputs" / f"{name}-{stamp}"
-    n = 1
-    while run_dir.exists():
-        n += 1
-        run_dir = Path.cwd() / "outputs" / f"{name}-{stamp}-{n}"
-    return run_dir
+    from pd_train._output_paths import dated_dir
+
+    return dated_dir(Path.cwd() / "outputs", name)
 
 
 class _ToyCompiles:

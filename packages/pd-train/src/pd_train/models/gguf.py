@@ -37,6 +37,7 @@ import numpy as np
 
 from pd_train.config.io import FieldValueError
 from pd_train.models.hf import CheckpointError, concrete_index, format_ranges, llama_param_shapes
+from pd_train.models.llama import KINDS
 from pd_train.models.llama_config import LlamaConfig
 
 if TYPE_CHECKING:
@@ -82,16 +83,7 @@ _LAYER = {
     "down_proj": "blk.{i}.ffn_down.weight",
 }
 # Keys stored [d_out, d_in] (a Linear's weight) that pd holds transposed.
-_TRANSPOSED = {
-    "lm_head",
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-}
+_TRANSPOSED = {"lm_head", *KINDS}
 
 
 def is_gguf(path: str | Path) -> bool:

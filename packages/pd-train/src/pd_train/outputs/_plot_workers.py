@@ -185,14 +185,6 @@ def _answer(proc: subprocess.Popen[str], deadline: float) -> dict[str, Any] | No
 
 def _render(records: Any, out_dir: str | Path, names: Sequence[str]) -> list[Path]:
     """The named plots, rendered in this process as :func:`write_plots` does."""
-    from pd_train.outputs.plots import PLOTS
+    from pd_train.outputs.plots import write_plots
 
-    paths: list[Path] = []
-    for plot in PLOTS:
-        if plot.__name__ not in names:
-            continue
-        try:
-            paths += plot(records, out_dir)
-        except Exception:
-            log.warning("plots: %s failed; skipped", plot.__name__, exc_info=True)
-    return paths
+    return write_plots(records, out_dir, names=names)

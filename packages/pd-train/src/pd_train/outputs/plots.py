@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -426,13 +426,23 @@ PLOTS = (
 )
 
 
-def write_plots(records: Sequence[Record], out_dir: str | Path) -> list[Path]:
-    """All plots into ``out_dir`` (usually ``RUN_DIR/plots``); a plot that fails is logged and
-    skipped, never raised."""
+def write_plots(
+    records: Sequence[Record],
+    out_dir: str | Path,
+    *,
+    names: Collection[str] | None = None,
+    failure: str = "plots: %s failed; skipped",
+    logger: logging.Logger = log,
+) -> list[Path]:
+    """All plots (or those of :data:`PLOTS` whose function is named in ``names``) into
+    ``out_dir`` (usually ``RUN_DIR/plots``); a plot that fails is logged (``failure`` % its
+    name, on ``logger``) and skipped, never raised."""
     paths: list[Path] = []
     for plot in PLOTS:
+        if names is not None and plot.__name__ not in names:
+            continue
         try:
             paths += plot(records, out_dir)
         except Exception:
-            log.warning("plots: %s failed; skipped", plot.__name__, exc_info=True)
+            logger.warning(failure, plot.__name__, exc_info=True)
     return paths

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pd_train._output_paths import dated_dir
 from pd_train.config.io import ConfigError
 from pd_train.config.run import Config, load_config
 from pd_train.run._prepare import Prepared
@@ -22,16 +23,8 @@ METRICS_FILE = "metrics.jsonl"  # pd_train.outputs.METRICS_FILE (not imported: i
 
 
 def new_run_dir(config: Config, *, base: Path | None) -> Path:
-    root = Path(config.output_dir).expanduser()
-    if not root.is_absolute():
-        root = Path.cwd() / root
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = root / f"{config.run_name}-{stamp}"
-    n = 1
-    while run_dir.exists():
-        n += 1
-        run_dir = root / f"{config.run_name}-{stamp}-{n}"
-    return run_dir
+    """``output_dir/RUN_NAME-TIME`` (:func:`pd_train._output_paths.dated_dir`)."""
+    return dated_dir(config.output_dir, config.run_name)
 
 
 class RunDirError(ValueError):

@@ -25,6 +25,16 @@ from pd_train.targets.tied import tie_components
 from pd_train.train.state import GROUPS, TrainState, group_name
 
 
+def _with_shardings(tree: Any, shardings: Any) -> Any:
+    """``tree``'s ShapeDtypeStructs carrying ``shardings`` (a matching tree), or ``tree`` as it
+    is when ``shardings`` is None (no mesh)."""
+    if shardings is None:
+        return tree
+    return jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings
+    )
+
+
 class TrainerState:
     """The state half of the Trainer (mixed into it): everything about the arrays the step
     reads and updates, nothing about the step itself. Reads the attributes the Trainer sets."""
@@ -103,11 +113,7 @@ class TrainerState:
             }
         params = {"components": comps, "ci_fn": self._abstract_ci_params()}
         shardings = self.param_shardings(params)
-        if shardings is None:
-            return params
-        return jax.tree_util.tree_map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
-        )
+        return _with_shardings(params, shardings)
 
     def param_shardings(self, params: Any) -> Any:
         """ZeRO-1 shardings of a params tree (arrays or ShapeDtypeStructs), or None."""
@@ -294,11 +300,7 @@ class TrainerState:
             adversary=adversary,
             term_state=dict(self.term_state_specs),
         )
-        if shardings is None:
-            return state
-        return jax.tree_util.tree_map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
-        )
+        return _with_shardings(state, shardings)
 
     def target_shardings(self, target: Any) -> Any:
         """FSDP shardings for a target params tree (arrays or ShapeDtypeStructs), or None."""
@@ -319,11 +321,7 @@ class TrainerState:
             key=jax.random.key(0),
         )
         shardings = self.target_shardings(target)
-        if shardings is None:
-            return target
-        return jax.tree_util.tree_map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings
-        )
+        return _with_shardings(target, shardings)
 
     def gather_head(self, target: Any) -> Any:
         """The target with its LM head gathered once (replicated), for every forward of a jit to

@@ -1,16 +1,6 @@
 """The train state, the jitted train step, the faithfulness warmup and the AOT compile path.
 
-Keys. The run key is folded with the step number to give the step key
-(:func:`step_key`); the step is a pure function of (state, target, batch, step key). Inside, the
-term key of ``pd.loss_metrics[i]`` is ``fold_in(step_key, i)``; recon terms fold it with the chunk
-number, then the draw number (see :mod:`pd_train.losses.recon` for the folds below that). Nothing else
-is random in the step, so the same run key and data give bit-identical steps.
-
-Parameters (fp32 masters) are ``{"components": {kind: {"V": [n_k, d_in, C], "U": [n_k, C,
-d_out]}}, "ci_fn": {kind: {name: [n_k, ...]}}}``, stacked per kind over the layers the kind
-covers. Two optimizer groups, ``components`` and ``ci_fn``, each AdamW with its own schedule.
-With a mesh, params and both Adam moments are ZeRO-1 sharded (pd-sharding), the target FSDP,
-the batch over the data axes.
+Keys, the parameters' layout and the two optimizer groups: :mod:`pd_train.train.state`.
 
 The state (params, optimizer state, shardings, init) is :mod:`pd_train.train._layout`, the
 faithfulness warm-up :mod:`pd_train.train._warmup`; this module is the loss and the step.
