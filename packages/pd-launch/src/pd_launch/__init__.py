@@ -19,6 +19,7 @@ from pd_launch._env import (
     is_scrubbed,
     query_environment,
     scrub_environment,
+    scrub_notes,
 )
 from pd_launch._errors import (
     DroppedDefaultsWarning,
@@ -103,6 +104,7 @@ __all__ = [
     "query_environment",
     "render_script",
     "scrub_environment",
+    "scrub_notes",
     "slurm_process",
     "submit",
     "time_limit_seconds",

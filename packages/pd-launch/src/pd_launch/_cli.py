@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pd_launch import __version__
+from pd_launch._env import scrub_notes
 from pd_launch._errors import (
     DroppedDefaultsWarning,
     JobFailedError,
@@ -180,14 +181,7 @@ def _dry_run_report(
     job_env: Sequence[str],
     dropped_defaults: str | None = None,
 ) -> str:
-    lines = ["# --dry-run: nothing submitted."]
-    if removed:
-        lines.append(f"# sbatch would run without these {len(removed)} caller variables:")
-        lines.extend(f"#   {name}" for name in removed)
-    else:
-        lines.append("# No caller variables would be removed.")
-    if "SLURM_CONF" in env:
-        lines.append("# Kept: SLURM_CONF")
+    lines = ["# --dry-run: nothing submitted.", *scrub_notes(removed, env)]
     if job_env:
         lines.append(f"# Set by the job: {', '.join(sorted(job_env))}")
     if dropped_defaults is not None:

@@ -149,3 +149,18 @@ def query_environment(env: Mapping[str, str]) -> dict[str, str]:
         for name, value in scrub_environment(env).env.items()
         if not name.startswith(QUERY_PREFIXES)
     }
+
+
+def scrub_notes(removed: Iterable[str], env: Mapping[str, str]) -> list[str]:
+    """A dry run's comment lines on sbatch's environment: the caller variables it would run
+    without (``removed``, or that there are none), and ``# Kept: SLURM_CONF`` when ``env``
+    sets it."""
+    removed = tuple(removed)
+    if removed:
+        lines = [f"# sbatch would run without these {len(removed)} caller variables:"]
+        lines.extend(f"#   {name}" for name in removed)
+    else:
+        lines = ["# No caller variables would be removed."]
+    if "SLURM_CONF" in env:
+        lines.append("# Kept: SLURM_CONF")
+    return lines

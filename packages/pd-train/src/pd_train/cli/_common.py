@@ -69,8 +69,9 @@ def add_distributed_args(parser: argparse.ArgumentParser, *, help: str) -> None:
     parser.add_argument("--process-per", choices=("node", "device"), default="node")
 
 
-def fail(message: str, code: int = 2) -> int:
-    print(f"pd-train: error: {message}", file=sys.stderr)
+def fail(message: str, code: int = 2, *, command: str = "pd-train") -> int:
+    """Print ``COMMAND: error: MESSAGE`` on stderr; ``code`` back (the exit status)."""
+    print(f"{command}: error: {message}", file=sys.stderr)
     return code
 
 

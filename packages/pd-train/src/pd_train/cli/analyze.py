@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pd_train.cli._common import fail
+
 __all__ = ["add_parsers", "analyze", "pull", "report", "track"]
 
 
@@ -134,11 +136,6 @@ RUN_DIR_HELP = (
 )
 
 
-def _fail(message: str) -> int:
-    print(f"pd-train: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _analysis_out_problem(run_dir: Path, out: Path | None) -> str | None:
     """Why the table cannot be written where it would go (``--out``, else the run dir's
     ``analysis/``), or None; a run dir that is not one is left to the analysis to refuse."""
@@ -177,7 +174,7 @@ def analyze(args: argparse.Namespace) -> int:
     try:
         placement = placement_from_flags(args)
     except DistributedError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     args.run_dir = _run_dir(args.run_dir)
     if args.run_dir is None:
         return 2
@@ -190,12 +187,12 @@ def analyze(args: argparse.Namespace) -> int:
         try:
             _, text = analyze_toy(args.run_dir, checkpoint=args.checkpoint)
         except ConfigError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         print(text)
         return 0
     problem = _analysis_out_problem(args.run_dir, args.out)
     if problem is not None:
-        return _fail(problem)
+        return fail(problem)
     try:
         table = analyze_run(
             args.run_dir,
@@ -207,7 +204,7 @@ def analyze(args: argparse.Namespace) -> int:
             placement=placement,
         )
     except AnalysisError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if not placement.is_primary:
         return 0  # process 0 writes the table
     step = table.metadata["checkpoint_step"]
@@ -229,7 +226,7 @@ def track(args: argparse.Namespace) -> int:
 
     config_path = args.run_dir / "config.yaml"
     if not config_path.is_file():
-        return _fail(f"run dir {args.run_dir}: no config.yaml; not a run dir")
+        return fail(f"run dir {args.run_dir}: no config.yaml; not a run dir")
     run_config = yaml.safe_load(config_path.read_text())
     if args.project is not None:
         tags = [t for t in args.tags.split(",") if t]
@@ -246,7 +243,7 @@ def track(args: argparse.Namespace) -> int:
     elif isinstance(run_config, dict) and "tracking" in run_config:
         raw = run_config["tracking"]
     else:
-        return _fail(
+        return fail(
             f"no tracking settings: give --project, or a `tracking:` section in {config_path}"
         )
     config = parse_tracking(raw)
@@ -254,7 +251,7 @@ def track(args: argparse.Namespace) -> int:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            return _fail("tracking needs wandb: pip install 'pd-train[wandb]'")
+            return fail("tracking needs wandb: pip install 'pd-train[wandb]'")
     result = sync_wandb(args.run_dir, config, run_config=run_config)
     artifact = ""
     if result.artifact is not None:
@@ -275,7 +272,7 @@ def _run_dir(text: str | Path) -> Path | None:
     try:
         return run_dir_of(text)
     except PullError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return None
 
 
@@ -288,11 +285,11 @@ def pull(args: argparse.Namespace) -> int:
 
         problem = None if (args.out / "pulled.json").is_file() else directory_problem(args.out)
         if problem is not None:
-            return _fail(f"--out: {problem}")
+            return fail(f"--out: {problem}")
     try:
         out = pull_run(args.source, args.out)
     except PullError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     print(f"pulled {args.source} into {out}; `pd-train analyze {out}`, `pd-train report {out}`")
     return 0
 
@@ -305,11 +302,11 @@ def report(args: argparse.Namespace) -> int:
         return 2
     problem = _report_out_problem(args.run_dir, args.out)
     if problem is not None:
-        return _fail(problem)
+        return fail(problem)
     try:
         out = write_report(args.run_dir, analysis=args.analysis, out=args.out)
     except ReportError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     print(f"wrote {out}")
     empty = _empty_run_warning(args.run_dir)
     if empty is not None:

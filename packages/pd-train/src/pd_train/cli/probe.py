@@ -612,8 +612,9 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"pd-train probe: error: {message}", file=sys.stderr)
-    return code
+    from pd_train.cli._common import fail
+
+    return fail(message, code, command="pd-train probe")
 
 
 def _launcher(args: argparse.Namespace) -> Any:

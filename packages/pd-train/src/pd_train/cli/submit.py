@@ -314,7 +314,9 @@ def snapshot_code(dest: Path, *, search: Sequence[Path] | None = None) -> dict[s
 
 
 def _fail(message: str) -> None:
-    print(f"pd-train submit: error: {message}", file=sys.stderr)
+    from pd_train.cli._common import fail
+
+    fail(message, command="pd-train submit")
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -324,17 +326,13 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _dry_run_report(run_dir: Path, removed: tuple[str, ...], env: dict[str, str], job: Any) -> str:
+    from pd_launch import scrub_notes
+
     lines = [
         "# --dry-run: nothing written, nothing submitted.",
         f"# run dir: {run_dir}",
+        *scrub_notes(removed, env),
     ]
-    if removed:
-        lines.append(f"# sbatch would run without these {len(removed)} caller variables:")
-        lines.extend(f"#   {name}" for name in removed)
-    else:
-        lines.append("# No caller variables would be removed.")
-    if "SLURM_CONF" in env:
-        lines.append("# Kept: SLURM_CONF")
     lines.append(f"# Set by the job: {', '.join(sorted(job.env))}")
     return "\n".join(lines)
 

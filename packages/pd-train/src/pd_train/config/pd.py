@@ -218,8 +218,8 @@ class VectorMLPCI(CIConfig):
 def _own_fields_first(cls: type, fields: list[attrs.Attribute]) -> list[attrs.Attribute]:  # type: ignore[type-arg]
     """A subclass's own fields (its ``type`` tag first) before the ones it inherits, so a
     member's YAML, repr and schema read as if it declared them all itself."""
-    del cls
-    return [f for f in fields if not f.inherited] + [f for f in fields if f.inherited]
+    own = set(vars(cls).get("__annotations__", {}))
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 @attrs.frozen(kw_only=True)
@@ -268,6 +268,17 @@ def ci_config_problems(ci: CIConfig, *, path: str = "pd.ci") -> list[tuple[str, 
     need the decomposition live with the CI function: ``pd_train.ci``)."""
     problems = getattr(ci, "problems", None)
     return [] if problems is None else list(problems(path))
+
+
+def _anneal_window_problems(term: Any, path: str) -> list[tuple[str, str]]:
+    """An annealed term's window out of order (``anneal_end_frac`` below ``anneal_start_frac``)."""
+    if term.anneal_end_frac < term.anneal_start_frac:
+        msg = (
+            f"got {term.anneal_end_frac}, below anneal_start_frac {term.anneal_start_frac};"
+            " must be >= anneal_start_frac"
+        )
+        return [(f"{path}.anneal_end_frac", msg)]
+    return []
 
 
 @register_loss_config
@@ -331,13 +342,7 @@ class ImportanceMinimality(LossMetric):
     )
 
     def problems(self, path: str) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        if self.anneal_end_frac < self.anneal_start_frac:
-            msg = (
-                f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
-                " must be >= anneal_start_frac"
-            )
-            out.append((f"{path}.anneal_end_frac", msg))
+        out = _anneal_window_problems(self, path)
         if self.frequency is not None and self.frequency.coeff > 0 and self.coeff == 0:
             msg = (
                 f"got coeff 0 with frequency.coeff {self.frequency.coeff}; the term's value is "
@@ -369,13 +374,7 @@ class SmoothL0ImportanceMinimality(LossMetric):
     ema_halflife_steps: float | None = attrs.field(default=None, validator=positive())
 
     def problems(self, path: str) -> list[tuple[str, str]]:
-        problems = []
-        if self.anneal_end_frac < self.anneal_start_frac:
-            msg = (
-                f"got {self.anneal_end_frac}, below anneal_start_frac {self.anneal_start_frac};"
-                " must be >= anneal_start_frac"
-            )
-            problems.append((f"{path}.anneal_end_frac", msg))
+        problems = _anneal_window_problems(self, path)
         if self.ema_halflife_steps is not None and self.frequency_coeff == 0:
             msg = (
                 f"got {self.ema_halflife_steps} with frequency_coeff 0; the EMA feeds only the"

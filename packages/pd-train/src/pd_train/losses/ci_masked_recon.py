@@ -36,7 +36,7 @@ class CIMaskedReconTerm(LossTerm):
     """Route-all plan, m = ci_lower, δ = 0 (with :attr:`ones`, m = 1: ``unmasked_recon``). No
     structural fields."""
 
-    config_cls = CIMaskedRecon
+    config_cls: ClassVar[type] = CIMaskedRecon
     #: m = 1 at every site instead of m = ci_lower (:func:`fixed_mask_recon`'s ``ones``).
     ones: ClassVar[bool] = False
 
