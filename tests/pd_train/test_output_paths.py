@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pd_train._output_paths import directory_problem, file_problem
+from pd_train._output_paths import dated_dir, directory_problem, file_problem
 from pd_train.cli import main
 
 from ._analysis_runs import Runs, tiny_runs
@@ -194,3 +194,29 @@ def test_probe_out_is_checked_before_any_arm(
         "--out:",
         "'/proc' is not writable",
     )
+
+
+def test_a_dated_dir_is_new_and_named_after_the_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dated_dir`` (the run, sweep and toy dirs' names): ``root/NAME-YYYYmmdd-HHMMSS``, then
+    ``-2``, ``-3`` while that exists, nothing made; a relative root is under the cwd."""
+    from datetime import datetime
+
+    from pd_train import _output_paths
+
+    class _At(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> _At:  # type: ignore[override]
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(_output_paths, "datetime", _At)
+    names = []
+    for _ in range(3):
+        path = dated_dir(tmp_path, "run")
+        assert path.parent == tmp_path and not path.exists()
+        names.append(path.name)
+        path.mkdir()
+    assert names == ["run-20260102-030405", "run-20260102-030405-2", "run-20260102-030405-3"]
+    monkeypatch.chdir(tmp_path)
+    assert dated_dir("outputs", "x-sweep") == tmp_path / "outputs" / "x-sweep-20260102-030405"
