@@ -66,10 +66,20 @@ def _install_local(session: nox.Session, package: str, *, extras: str = "test") 
     session.install(*targets)
 
 
-def _package_tests(session: nox.Session, package: str) -> None:
+# pd-train's suite on two pytest-xdist workers (the CI machine has 2 cores; the tests are mostly
+# single-threaded XLA compiles). `loadfile` keeps a test file on one worker, so a module-scoped
+# fixture (a real run several tests read) is built once; docs/testing.md has the measurements.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
+# The slowest tests, in CI's output.
+DURATIONS = ["--durations=25"]
+
+
+def _package_tests(session: nox.Session, package: str, *, parallel: bool = False) -> None:
+    """``package``'s tests; arguments after ``--`` replace the defaults (``nox -s pd_train --
+    tests/pd_train/test_x.py`` runs one file in one process; add ``-n 2`` for two workers)."""
     _install_local(session, package)
     module = package.replace("-", "_")
-    args = session.posargs or [f"tests/{module}"]
+    args = session.posargs or [f"tests/{module}", *DURATIONS, *(PARALLEL if parallel else [])]
     session.run("pytest", *args, env=TEST_ENV, success_codes=[0, 5])
 
 
@@ -99,8 +109,8 @@ def pd_probe(session: nox.Session) -> None:
 
 @nox.session
 def pd_train(session: nox.Session) -> None:
-    """pd-train's tests, with pd-train and the pd-* packages it declares."""
-    _package_tests(session, "pd-train")
+    """pd-train's tests, with pd-train and the pd-* packages it declares, on two workers."""
+    _package_tests(session, "pd-train", parallel=True)
 
 
 @nox.session
