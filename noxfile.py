@@ -67,9 +67,11 @@ def _install_local(session: nox.Session, package: str, *, extras: str = "test") 
 
 
 # pd-train's suite on two pytest-xdist workers (the CI machine has 2 cores; the tests are mostly
-# single-threaded XLA compiles). `loadfile` keeps a test file on one worker, so a module-scoped
-# fixture (a real run several tests read) is built once; docs/testing.md has the measurements.
-PARALLEL = ["-n", "2", "--dist", "loadfile"]
+# single-threaded XLA compiles). `worksteal` gives each worker half the tests in file order and
+# moves tests from a busy worker to an idle one: the heavy files have few tests, and `loadfile`
+# (which sends the files with most tests first) leaves them to the end. A module-scoped fixture
+# is built again only where a file is split between the workers. See docs/testing.md.
+PARALLEL = ["-n", "2", "--dist", "worksteal"]
 # The slowest tests, in CI's output.
 DURATIONS = ["--durations=25"]
 
