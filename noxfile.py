@@ -66,10 +66,22 @@ def _install_local(session: nox.Session, package: str, *, extras: str = "test") 
     session.install(*targets)
 
 
-def _package_tests(session: nox.Session, package: str) -> None:
+# pd-train's suite on two pytest-xdist workers (the CI machine has 2 cores; the tests are mostly
+# single-threaded XLA compiles). `worksteal` gives each worker half the tests in file order and
+# moves tests from a busy worker to an idle one: the heavy files have few tests, and `loadfile`
+# (which sends the files with most tests first) leaves them to the end. A module-scoped fixture
+# is built again only where a file is split between the workers. See docs/testing.md.
+PARALLEL = ["-n", "2", "--dist", "worksteal"]
+# The slowest tests, in CI's output.
+DURATIONS = ["--durations=25"]
+
+
+def _package_tests(session: nox.Session, package: str, *, parallel: bool = False) -> None:
+    """``package``'s tests; arguments after ``--`` replace the defaults (``nox -s pd_train --
+    tests/pd_train/test_x.py`` runs one file in one process; add ``-n 2`` for two workers)."""
     _install_local(session, package)
     module = package.replace("-", "_")
-    args = session.posargs or [f"tests/{module}"]
+    args = session.posargs or [f"tests/{module}", *DURATIONS, *(PARALLEL if parallel else [])]
     session.run("pytest", *args, env=TEST_ENV, success_codes=[0, 5])
 
 
@@ -99,8 +111,8 @@ def pd_probe(session: nox.Session) -> None:
 
 @nox.session
 def pd_train(session: nox.Session) -> None:
-    """pd-train's tests, with pd-train and the pd-* packages it declares."""
-    _package_tests(session, "pd-train")
+    """pd-train's tests, with pd-train and the pd-* packages it declares, on two workers."""
+    _package_tests(session, "pd-train", parallel=True)
 
 
 @nox.session

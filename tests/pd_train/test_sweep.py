@@ -94,27 +94,35 @@ def _train_step_compiles(run_dir: Path) -> int:
     return sum(c["cache"] == "miss" for c in step["compiles"])
 
 
-def _sweep(tmp: Path, grid: str, capfd) -> tuple[Path, str, str]:
+def _sweep(tmp: Path, grids: list[str], capfd) -> tuple[Path, str, str]:
     """Run a sweep; its directory and what it and its points' processes printed."""
     path = _config(tmp)
     sweep_dir = tmp / "sweep"
-    assert main(["sweep", str(path), "--set-grid", grid, "--sweep-dir", str(sweep_dir)]) == 0
+    sets = [arg for grid in grids for arg in ("--set-grid", grid)]
+    assert main(["sweep", str(path), *sets, "--sweep-dir", str(sweep_dir)]) == 0
     out, err = capfd.readouterr()
     return sweep_dir, out, err
 
 
 @pytest.mark.slow
-def test_a_seed_sweep_prepares_one_run_dir_per_point_and_compiles_the_step_once(
+def test_a_seed_and_lr_sweep_prepares_a_run_dir_per_point_and_compiles_the_step_once(
     tmp_path: Path, capfd
 ) -> None:
-    sweep_dir, out, err = _sweep(tmp_path, "seed=[0,1,2,3]", capfd)
+    """Two seeds times two learning rates, both values of the step: only point 0 compiles it
+    (point 1 differs from it in the learning rate alone, point 2 in the seed alone). One sweep
+    for both fields, since each compile of the step is a compile in CI."""
+    grids = ["seed=[0,1]", "pd.components.lr=[1e-3,2e-3]"]
+    sweep_dir, out, err = _sweep(tmp_path, grids, capfd)
     record = json.loads((sweep_dir / "sweep.json").read_text())
-    assert record["grid"] == {"seed": [0, 1, 2, 3]}
-    for i in range(4):
+    assert record["grid"] == {"seed": [0, 1], "pd.components.lr": [1e-3, 2e-3]}
+    points = [(seed, lr) for seed in (0, 1) for lr in (1e-3, 2e-3)]  # the first grid slowest
+    for i, (seed, lr) in enumerate(points):
         run_dir = sweep_dir / f"point-{i:03d}"
         point = json.loads((run_dir / "point.json").read_text())
-        assert point["grid"] == {"seed": i} and point["overrides"] == [f"seed={i}"]
-        assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == i
+        assert point["grid"] == {"seed": seed, "pd.components.lr": lr}
+        assert point["overrides"] == [f"seed={seed}", f"pd.components.lr={lr}"]
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert config["seed"] == seed and config["pd"]["components"]["lr"] == lr
         assert (run_dir / "metrics.jsonl").is_file()
     compiles = [_train_step_compiles(sweep_dir / f"point-{i:03d}") for i in range(4)]
     assert compiles == [1, 0, 0, 0], compiles
@@ -122,18 +130,13 @@ def test_a_seed_sweep_prepares_one_run_dir_per_point_and_compiles_the_step_once(
     rows = [line for line in out.splitlines() if line.startswith("| point-")]
     assert len(rows) == 4 and all("| done | 1 |" in row for row in rows), out
     assert (sweep_dir / "summary.md").read_text() in out
-    losses = [float(row.split("|")[5]) for row in rows]
-    assert len(set(losses)) == 4  # another seed, another run
+    header = next(line for line in out.splitlines() if line.startswith("| point |"))
+    assert header.startswith("| point | seed | pd.components.lr | status |"), header
+    column = [cell.strip() for cell in header.split("|")].index("loss/total")
+    losses = [float(row.split("|")[column]) for row in rows]
+    assert len(set(losses)) == 4  # another seed or learning rate, another run
     # `pd-train run` explained the misses in one line (a new cache) and recorded
     # the step's program beside the cache.
     misses = [line for line in err.splitlines() if line.startswith("cache miss: ")]
     assert len(misses) == 1 and "holds no programs yet" in misses[0], err
     assert list((tmp_path / "cache" / "program-records").glob("train_step-*.json"))
-
-
-@pytest.mark.slow
-def test_a_learning_rate_sweep_compiles_the_step_once(tmp_path: Path, capfd) -> None:
-    """Two points (each compile the step costs today is a compile in CI)."""
-    sweep_dir, _, _ = _sweep(tmp_path, "pd.components.lr=[1e-3,2e-3]", capfd)
-    compiles = [_train_step_compiles(sweep_dir / f"point-{i:03d}") for i in range(2)]
-    assert compiles == [1, 0], compiles
