@@ -4,6 +4,7 @@ checkpoint at the same K is bit-exact, and a K that breaks a cadence is refused 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import attrs
@@ -15,7 +16,17 @@ from pd_train.cli.toy import load_toy_config
 from pd_train.config.io import ConfigError
 from pd_train.config.pd import FaithfulnessWarmup
 from pd_train.run.checkpoints import Checkpoints
-from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
+from pd_train.targets.toys import (
+    YNN_FUSIONS_FLAG,
+    KStepPrograms,
+    decompose,
+    make_target,
+    toy_compiler_options,
+    toy_config,
+    toy_data,
+    toy_trainer,
+    toy_weights,
+)
 from pd_train.train import Trainer
 
 TOY = toy_config("tms_5_2_fast")
@@ -95,3 +106,30 @@ def test_a_k_that_breaks_a_cadence_is_refused_by_field(trainer: Trainer) -> None
     ):
         with pytest.raises(ConfigError, match=field):
             load_toy_config("builtin:tms_5_2", overrides)
+
+
+def test_toy_programs_compile_without_ynn_fusions_unless_xla_flags_names_the_flag(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The K-step programs and a toy run's trainer take ``toy_compiler_options``: XLA:CPU's YNN
+    fusions off, unless the user's XLA_FLAGS names the flag (then XLA's own flags apply)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert toy_compiler_options() == {YNN_FUSIONS_FLAG: ""}
+    assert toy_trainer(TARGET, PD).compiler_options == {YNN_FUSIONS_FLAG: ""}
+    key = jax.random.key(0)
+    state = trainer.init_state(key=key)
+    weights = jax.tree_util.tree_map(jax.numpy.asarray, toy_weights("tms_5_2"))
+
+    def compiled_text() -> str:
+        programs = KStepPrograms(
+            trainer=trainer, draw=toy_data(TOY), data_key=key, train_key=key,
+            batch_size=PD.batch_size, n_features=5, feature_probability=TOY.feature_probability,
+        )  # fmt: skip
+        return str(programs.program(2).lower(state, weights).compile().as_text())
+
+    assert "%ynn_fusion" not in compiled_text()
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --{YNN_FUSIONS_FLAG}=reduce")
+    assert toy_compiler_options() == {}
+    if YNN_FUSIONS_FLAG not in flags:  # the process runs XLA's defaults: YNN fusions on
+        assert "%ynn_fusion" in compiled_text()
