@@ -14,7 +14,7 @@ import pytest
 
 from pd_train.cli.toy import load_toy_config
 from pd_train.config.io import ConfigError
-from pd_train.config.pd import FaithfulnessWarmup
+from pd_train.config.pd import FaithfulnessWarmup, ReconConfig
 from pd_train.run.checkpoints import Checkpoints
 from pd_train.targets.toys import (
     YNN_FUSIONS_FLAG,
@@ -133,3 +133,22 @@ def test_toy_programs_compile_without_ynn_fusions_unless_xla_flags_names_the_fla
     assert toy_compiler_options() == {}
     if YNN_FUSIONS_FLAG not in flags:  # the process runs XLA's defaults: YNN fusions on
         assert "%ynn_fusion" in compiled_text()
+
+
+def test_the_tms_recipes_unrolled_chunk_loop_matches_the_scan() -> None:
+    """The TMS recipes run the layerwise recon's chunk loop unrolled (cheaper per step): the
+    state after N steps matches the ``lax.scan`` chunk loop's within float rounding."""
+    toy = toy_config("tms_5_2")
+    assert toy.pd.recon.chunk_loop == "unroll" == toy_config("tms_40_10_fast").pd.recon.chunk_loop
+    pd = attrs.evolve(toy.pd, steps=20, batch_size=64, faithfulness_warmup=FaithfulnessWarmup())
+    states = []
+    for recon in (pd.recon, ReconConfig(chunk_loop="scan")):
+        run_pd = attrs.evolve(pd, recon=recon)
+        _, state = decompose(
+            TARGET, toy_weights("tms_5_2"), run_pd, seed=1,
+            feature_probability=toy.feature_probability, data=toy_data(toy), steps_per_call=10,
+            log_every=10,
+        )  # fmt: skip
+        states.append(jax.tree_util.tree_leaves(jax.device_get(state.params)))
+    for a, b in zip(*states, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
