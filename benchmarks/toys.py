@@ -2,7 +2,7 @@
 metrics, beside the paper's values; then the K-step programs against one step per call.
 
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
-        [--rate-steps 2000] [--ynn-fusions off|on]
+        [--rate-steps 2000] [--ynn-fusions TYPES]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -19,11 +19,11 @@ first call (no compile): steps between the first and the last logged step over t
 time, at K = 1 and at the toy's K, for each toy in ``--toys``. The machine is shared: the
 wall times depend on what else runs; CPU s is this process's.
 
-``--ynn-fusions off`` (the default) runs XLA:CPU without its YNNPACK fusions
-(``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=``, set before JAX starts): as YNN fusions the
-CI MLPs' multiply-reduce fusions over [B, 1, C, d_gate] were the step's largest cost, and a TMS
-5-2 step at batch 4096 cost 93 ms CPU with them, 45 ms without (docs/toys.md). ``on``: XLA's
-default.
+The toy programs compile without XLA:CPU's YNNPACK fusions (``toy_compiler_options``: as YNN
+fusions the CI MLPs' multiply-reduce fusions over [B, 1, C, d_gate] were the step's largest
+cost; a TMS 5-2 step at batch 4096 cost 93 ms CPU with them, 45 ms without; docs/toys.md).
+``--ynn-fusions TYPES`` puts ``--xla_cpu_experimental_ynn_fusion_type=TYPES`` in XLA_FLAGS
+before JAX starts (e.g. ``dot,reduce``), which the toy programs then leave to XLA.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 
 PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
          "resid_mlp3")  # fmt: skip
-YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
+YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
 
 
 def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
@@ -115,14 +115,16 @@ def main() -> None:
     parser.add_argument(
         "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=names
     )
-    parser.add_argument("--ynn-fusions", choices=("off", "on"), default="off")
+    parser.add_argument("--ynn-fusions", default=None, metavar="TYPES")
     args = parser.parse_args()
-    if args.ynn_fusions == "off":
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {YNN_OFF}".strip()
+    if args.ynn_fusions is not None:
+        flag = f"{YNN_FLAG}={args.ynn_fusions}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     from pd_train.targets.toys import TOYS, toy_config
 
     assert set(names) == set(TOYS), sorted(set(names) ^ set(TOYS))
-    print(f"XLA:CPU YNN fusions {args.ynn_fusions}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    ynn = "off (the toy programs' default)" if args.ynn_fusions is None else args.ynn_fusions
+    print(f"XLA:CPU YNN fusions {ynn}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     ok = {name: run_table(name, args.seeds) for name in args.toys}
     print(
         "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "

@@ -4,6 +4,7 @@ checkpoint at the same K is bit-exact, and a K that breaks a cadence is refused 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import attrs
@@ -13,9 +14,19 @@ import pytest
 
 from pd_train.cli.toy import load_toy_config
 from pd_train.config.io import ConfigError
-from pd_train.config.pd import FaithfulnessWarmup
+from pd_train.config.pd import FaithfulnessWarmup, ReconConfig
 from pd_train.run.checkpoints import Checkpoints
-from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
+from pd_train.targets.toys import (
+    YNN_FUSIONS_FLAG,
+    KStepPrograms,
+    decompose,
+    make_target,
+    toy_compiler_options,
+    toy_config,
+    toy_data,
+    toy_trainer,
+    toy_weights,
+)
 from pd_train.train import Trainer
 
 TOY = toy_config("tms_5_2_fast")
@@ -95,3 +106,49 @@ def test_a_k_that_breaks_a_cadence_is_refused_by_field(trainer: Trainer) -> None
     ):
         with pytest.raises(ConfigError, match=field):
             load_toy_config("builtin:tms_5_2", overrides)
+
+
+def test_toy_programs_compile_without_ynn_fusions_unless_xla_flags_names_the_flag(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The K-step programs and a toy run's trainer take ``toy_compiler_options``: XLA:CPU's YNN
+    fusions off, unless the user's XLA_FLAGS names the flag (then XLA's own flags apply)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert toy_compiler_options() == {YNN_FUSIONS_FLAG: ""}
+    assert toy_trainer(TARGET, PD).compiler_options == {YNN_FUSIONS_FLAG: ""}
+    key = jax.random.key(0)
+    state = trainer.init_state(key=key)
+    weights = jax.tree_util.tree_map(jax.numpy.asarray, toy_weights("tms_5_2"))
+
+    def compiled_text() -> str:
+        programs = KStepPrograms(
+            trainer=trainer, draw=toy_data(TOY), data_key=key, train_key=key,
+            batch_size=PD.batch_size, n_features=5, feature_probability=TOY.feature_probability,
+        )  # fmt: skip
+        return str(programs.program(2).lower(state, weights).compile().as_text())
+
+    assert "%ynn_fusion" not in compiled_text()
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --{YNN_FUSIONS_FLAG}=reduce")
+    assert toy_compiler_options() == {}
+    if YNN_FUSIONS_FLAG not in flags:  # the process runs XLA's defaults: YNN fusions on
+        assert "%ynn_fusion" in compiled_text()
+
+
+def test_the_tms_recipes_unrolled_chunk_loop_matches_the_scan() -> None:
+    """The TMS recipes run the layerwise recon's chunk loop unrolled (cheaper per step): the
+    state after N steps matches the ``lax.scan`` chunk loop's within float rounding."""
+    toy = toy_config("tms_5_2")
+    assert toy.pd.recon.chunk_loop == "unroll" == toy_config("tms_40_10_fast").pd.recon.chunk_loop
+    pd = attrs.evolve(toy.pd, steps=20, batch_size=64, faithfulness_warmup=FaithfulnessWarmup())
+    states = []
+    for recon in (pd.recon, ReconConfig(chunk_loop="scan")):
+        run_pd = attrs.evolve(pd, recon=recon)
+        _, state = decompose(
+            TARGET, toy_weights("tms_5_2"), run_pd, seed=1,
+            feature_probability=toy.feature_probability, data=toy_data(toy), steps_per_call=10,
+            log_every=10,
+        )  # fmt: skip
+        states.append(jax.tree_util.tree_leaves(jax.device_get(state.params)))
+    for a, b in zip(*states, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)

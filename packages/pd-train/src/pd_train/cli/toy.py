@@ -522,13 +522,12 @@ def compile_toy(value: str, overrides: Sequence[str] = ()) -> list[Any]:
     import jax.numpy as jnp
 
     from pd_train.run.compile import CompileRow, compiled_memory
-    from pd_train.targets.toys import make_target, toy_config
-    from pd_train.train import Trainer
+    from pd_train.targets.toys import make_target, toy_config, toy_trainer
 
     raw = load_toy_config(value, overrides)
     pd = toy_pd_config(raw)
     toy = toy_config(raw["toy"])
-    trainer = Trainer(make_target(toy), pd)
+    trainer = toy_trainer(make_target(toy), pd)  # the run's compile options
     key = jax.eval_shape(lambda: jax.random.key(0))
     batch = jax.ShapeDtypeStruct((pd.batch_size, 1, toy.target.n_features), jnp.float32)
     jits = [

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +58,7 @@ from pd_train.config.pd import (
     ImportanceMinimality,
     OptimizerConfig,
     PDConfig,
+    ReconConfig,
     StochasticRecon,
 )
 from pd_train.run.hooks import Cadence, Hook, StepInfo
@@ -73,6 +75,7 @@ from pd_train.train import Trainer, TrainState, step_key
 
 __all__ = [
     "TOYS",
+    "KStepPrograms",
     "Pretraining",
     "ToyConfig",
     "assignment_l1_distance",
@@ -89,8 +92,10 @@ __all__ = [
     "run_toy",
     "save_weights",
     "separates_every_feature",
+    "toy_compiler_options",
     "toy_config",
     "toy_data",
+    "toy_trainer",
     "toy_training_item",
     "toy_weights",
     "toy_weights_path",
@@ -155,6 +160,29 @@ def separates_every_feature(ci: np.ndarray, *, on: float = 0.5, off: float = 0.1
 # ---------------------------------------------------------------- the toy runner
 
 
+#: The XLA flag of XLA:CPU's YNNPACK fusions. As YNN fusions the CI MLPs' multiply-reduce
+#: fusions over [B, T, C, d_gate] were most of a TMS step's cost (93 ms CPU a step at batch 4096
+#: with them, 45 ms without; docs/toys.md), so the toy programs compile without them.
+YNN_FUSIONS_FLAG = "xla_cpu_experimental_ynn_fusion_type"
+
+
+def toy_compiler_options() -> dict[str, str]:
+    """XLA options of a toy run's programs (the K-step programs and the trainer's jits, e.g.
+    the faithfulness warmup): ``{YNN_FUSIONS_FLAG: ""}`` (YNN fusions off), or ``{}`` where the
+    user chose: ``XLA_FLAGS`` names the flag (``--xla_cpu_experimental_ynn_fusion_type=...``),
+    or the backend is not the CPU. A jit's own option, so unlike ``XLA_FLAGS`` it needs no
+    setting before JAX starts and touches no other program of the process."""
+    if YNN_FUSIONS_FLAG in os.environ.get("XLA_FLAGS", "") or jax.default_backend() != "cpu":
+        return {}
+    return {YNN_FUSIONS_FLAG: ""}
+
+
+def toy_trainer(target: Any, pd: PDConfig) -> Trainer:
+    """The :class:`~pd_train.train.Trainer` of a toy run: its jits take
+    :func:`toy_compiler_options`."""
+    return Trainer(target, pd, compiler_options=toy_compiler_options())
+
+
 def pure_step(trainer: Trainer) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
     """The Trainer's pure (unjitted) step ``(state, target, batch, key) -> (state, metrics)``
     that the K-step programs compose."""
@@ -162,8 +190,8 @@ def pure_step(trainer: Trainer) -> Callable[..., tuple[TrainState, dict[str, Any
 
 
 @attrs.frozen(kw_only=True)
-class _Programs:
-    """The K-step programs of one decomposition (cached per K)."""
+class KStepPrograms:
+    """The K-step programs of one decomposition (cached per K): :func:`decompose` runs them."""
 
     trainer: Trainer
     draw: Callable[..., jax.Array]
@@ -176,7 +204,8 @@ class _Programs:
 
     def program(self, k: int) -> Any:
         """jit ``(state, target) -> (state, metrics stacked [k, ...])``: k steps, step i drawing
-        batch ``fold_in(data_key, i)`` and key ``step_key(train_key, i)`` (i = state.step)."""
+        batch ``fold_in(data_key, i)`` and key ``step_key(train_key, i)`` (i = state.step);
+        compiled with :func:`toy_compiler_options` under the trainer's own options."""
         if k not in self.cache:
             step = pure_step(self.trainer)
 
@@ -193,7 +222,8 @@ class _Programs:
 
                 return jax.lax.scan(body, state, None, length=k)
 
-            self.cache[k] = jax.jit(run, donate_argnums=0)
+            options = {**toy_compiler_options(), **self.trainer.compiler_options}
+            self.cache[k] = jax.jit(run, donate_argnums=0, compiler_options=options or None)
         return self.cache[k]
 
 
@@ -266,13 +296,13 @@ def decompose(
         {"log_every": log_every, "eval_every": eval_every, "checkpoint_every": checkpoint_every},
     )
     if trainer is None:
-        trainer = Trainer(target, pd)
+        trainer = toy_trainer(target, pd)
     elif trainer.pd != pd or trainer.model != target:
         msg = "decompose: the given trainer was built for another target or pd config"
         raise ValueError(msg)
     run_key = jax.random.key(seed)
     state = trainer.init_state(key=jax.random.fold_in(run_key, 0))
-    programs = _Programs(
+    programs = KStepPrograms(
         trainer=trainer,
         draw=data or functools.partial(sparse_features, mode=mode),
         data_key=jax.random.fold_in(run_key, 1),
@@ -514,6 +544,12 @@ def _recipe(
 #: first whose target represents all five (norms 1.12-1.14).
 TMS_5_2_SEED = 13
 
+#: The TMS recipes' recon chunk loop as a Python loop (the same values as one ``lax.scan``):
+#: the layerwise term's two one-site chunks unrolled cost 34 ms CPU a ``tms_5_2`` step at batch
+#: 4096 against 45 ms as a scan (its ``while`` and a ``cond`` per site), and the K-step program
+#: compiles in about half the time (docs/toys.md).
+TMS_RECON = ReconConfig(chunk_loop="unroll")
+
 
 def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
     five = f == 5
@@ -536,15 +572,18 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
             zero_bias=not five,
             fixed_identity_hidden=hidden,
         ),
-        pd=_recipe(
-            steps=40_000,
-            batch_size=4096,
-            C=20 if five else 200,
-            lr=1e-3,
-            final_lr_frac=0.0,
-            im_coeff=3e-3 if five else 1e-4,
-            pnorm=1.0 if five else 2.0,
-            faithfulness=1.0,
+        pd=attrs.evolve(
+            _recipe(
+                steps=40_000,
+                batch_size=4096,
+                C=20 if five else 200,
+                lr=1e-3,
+                final_lr_frac=0.0,
+                im_coeff=3e-3 if five else 1e-4,
+                pnorm=1.0 if five else 2.0,
+                faithfulness=1.0,
+            ),
+            recon=TMS_RECON,
         ),
         identity=("layers.0.linear1", "layers.0.linear2"),
         dense={"layers.0.hidden_0": h} if hidden else {},
@@ -877,7 +916,7 @@ def run_toy(
         if on_eval is not None:
             on_eval(n, ground_truth_metrics(toy, trainer_, state.params, weights)[0])
 
-    trainer_ = trainer if trainer is not None else Trainer(target, pd)
+    trainer_ = trainer if trainer is not None else toy_trainer(target, pd)
     start = time.perf_counter()
     trainer_, state = decompose(
         target,
