@@ -1,0 +1,43 @@
+"""A warm launch's fixed cost (docs/compile-cache.md, "the warm launch's floor"): what
+`pd-train run` does before step 0 when every program is cached — no toy module imported for a
+shipped config, no tiny eager program traced and compiled for the set-up's keys and shapes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _python(code: str) -> str:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_a_shipped_config_resolves_without_importing_the_toys() -> None:
+    """`builtin:default` used to import pd_train.targets.toys (its resid_mlp, tms, optax) only to
+    check that `default` is not a toy's name (about 0.1-0.3 CPU s of a ~4 s warm launch)."""
+    code = (
+        "import sys\n"
+        "from pd_train.cli import config_source\n"
+        "path = config_source('builtin:default')\n"
+        "assert path.name == 'default.yaml', path\n"
+        "print(sorted(m for m in ('pd_train.targets.toys', 'pd_train.targets.resid_mlp')"
+        " if m in sys.modules))\n"
+    )
+    assert _python(code) == "[]"
+
+
+def test_a_toy_or_an_unknown_name_is_still_refused_with_the_toys_listed() -> None:
+    from pd_train.config.io import ConfigError
+    from pd_train.configs import builtin_config
+
+    with pytest.raises(ConfigError, match=r"builtin:tms_5_2 is a toy"):
+        builtin_config("tms_5_2")
+    with pytest.raises(ConfigError, match=r"no builtin config 'nope'; configs: .*toys: .*tms_5_2"):
+        builtin_config("nope")
