@@ -41,3 +41,13 @@ def test_a_toy_or_an_unknown_name_is_still_refused_with_the_toys_listed() -> Non
         builtin_config("tms_5_2")
     with pytest.raises(ConfigError, match=r"no builtin config 'nope'; configs: .*toys: .*tms_5_2"):
         builtin_config("nope")
+
+
+def test_ml_dtypes_is_a_version_whose_import_is_not_quadratic() -> None:
+    """ml_dtypes 0.7.0 (beside numpy 2.4) spent ~0.57 CPU s registering its ufunc loops at import
+    (0.6.0: 0.006 s): half of `import jax`, ~13 % of a warm launch to step 0. pd-train pins
+    ``ml_dtypes<0.7`` (packages/pd-train/pyproject.toml) until a release imports quickly again."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("ml_dtypes").split(".")[:2])
+    assert (major, minor) < (0, 7), version("ml_dtypes")
