@@ -51,3 +51,28 @@ def test_ml_dtypes_is_a_version_whose_import_is_not_quadratic() -> None:
 
     major, minor = (int(part) for part in version("ml_dtypes").split(".")[:2])
     assert (major, minor) < (0, 7), version("ml_dtypes")
+
+
+def test_logging_compiles_does_not_change_a_programs_executable_cache_key() -> None:
+    """A launch with ``JAX_LOG_COMPILES=1`` (to see what compiles) missed every program in pd's
+    executable cache: the option was part of the key. JAX's persistent cache then served them,
+    and a served program is not stored, so it paid their trace and lowering each time."""
+    import jax
+
+    from pd_train.process_env import program_key
+
+    before = jax.config.jax_log_compiles
+    try:
+        jax.config.update("jax_log_compiles", False)
+        quiet = program_key("train_step", "structural", source="s")
+        jax.config.update("jax_log_compiles", True)
+        logged = program_key("train_step", "structural", source="s")
+        precision = jax.config.jax_default_matmul_precision
+        jax.config.update("jax_default_matmul_precision", "highest")
+        try:  # an option that changes what programs compute still changes the key
+            assert program_key("train_step", "structural", source="s") != logged
+        finally:
+            jax.config.update("jax_default_matmul_precision", precision)
+    finally:
+        jax.config.update("jax_log_compiles", before)
+    assert quiet == logged

@@ -134,10 +134,11 @@ def source_digest() -> str:
     return _source_digest(TRACED_PACKAGES)
 
 
-#: JAX options that say where and when programs are cached, not what they compute
-#: (``runtime.compile_cache.*`` is *outside* the programs, :mod:`pd_train.config.hyperparameters`):
-#: left out of :func:`program_key`, so that the same program keeps its key whatever the cache's
-#: directory or thresholds.
+#: JAX options that say where and when programs are cached, or what is logged about compiles,
+#: not what they compute (``runtime.compile_cache.*`` is *outside* the programs,
+#: :mod:`pd_train.config.hyperparameters`): left out of :func:`program_key`, so that the same
+#: program keeps its key whatever the cache's directory or thresholds, and a launch with
+#: ``JAX_LOG_COMPILES=1`` loads the programs the others stored.
 UNKEYED_JAX_OPTIONS = frozenset(
     {
         "jax_enable_compilation_cache",
@@ -147,6 +148,7 @@ UNKEYED_JAX_OPTIONS = frozenset(
         "jax_persistent_cache_min_entry_size_bytes",
         "jax_persistent_cache_enable_xla_caches",
         "jax_explain_cache_misses",
+        "jax_log_compiles",
     }
 )
 
