@@ -1,0 +1,1 @@
+# a source edit that changes no program
