@@ -91,7 +91,7 @@ def test_a_source_edit_that_keeps_the_programs_loads_them_by_their_lowered_key(
         "sys.argv = ['pd-train', *sys.argv[1:]]\n"
         "runpy.run_module('pd_train.cli', run_name='__main__')\n"
     )
-    records = []
+    records, outputs = [], []
     for name in ("edited", "again"):
         run_dir = tmp_path / name
         args = ["run", str(config), "--run-dir", str(run_dir), "--max-steps", "1"]
@@ -102,9 +102,10 @@ def test_a_source_edit_that_keeps_the_programs_loads_them_by_their_lowered_key(
             text=True,
             env={**os.environ, **ONE_DEVICE},
         )
-        _finish(proc)
+        outputs.append(_finish(proc))
         records.append(json.loads((run_dir / "compile.json").read_text()))
     edited, again = records
+    assert "loading train_step (executable cache, by its lowered program" in outputs[0]
     assert edited["notes"]["train_step_executable_cache"] == "hit (lowered)", edited["notes"]
     assert edited["jits"]["train_step"]["compiles"] == [], edited["jits"]["train_step"]
     init = edited["notes"]["init_executable_cache"]

@@ -128,8 +128,11 @@ class StepProgram:
             self.error = exc
 
     def _compile(self, key: str) -> None:
+        import sys
+
         from pd_train.process_env import source_digest
 
+        t0 = time.perf_counter()
         lowered = self.trainer.lower_step(
             batch_size=self.trainer.pd.batch_size,
             seq_len=self.trainer.seq_len,
@@ -142,6 +145,13 @@ class StepProgram:
                 key, lowered, unchanged=lambda: source_digest() == self._source
             )
             self.compiled = self.trainer.bind_step_program(compiled)
+            if self.outcome == "hit (lowered)" and self.announce:
+                print(
+                    f"loading train_step (executable cache, by its lowered program: pd's source"
+                    f" changed, the step did not)… {time.perf_counter() - t0:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def init_programs(self) -> Any:
         """A :attr:`Trainer.programs` that announces each init and warm-up jit by the

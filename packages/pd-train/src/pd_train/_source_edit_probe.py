@@ -1,1 +1,0 @@
-# a source edit that changes no program
