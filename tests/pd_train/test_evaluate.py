@@ -143,9 +143,14 @@ def test_eval_compiled_ahead_gives_the_same_record_and_is_cached(
     expected = Evaluator(trainer, batches, n_batches=1, mesh=trainer.mesh)(state, target, key=key)
     cache = ExecutableCache(tmp_path)
     records = []
-    for outcome in ("miss", "hit"):
+    # A key of another source (an edit that changed no program): loaded by its lowered key.
+    for key_name, outcome in (
+        ("eval-key", "miss"),
+        ("eval-key", "hit"),
+        ("edited", "hit (lowered)"),
+    ):
         evaluator = Evaluator(trainer, batches, n_batches=1, mesh=trainer.mesh)
-        evaluator.compile_ahead(target_dtype=jnp.float32, cache=cache, key="eval-key")
+        evaluator.compile_ahead(target_dtype=jnp.float32, cache=cache, key=key_name)
         records.append(evaluator(state, target, key=key))
         assert evaluator.ahead_outcome == outcome
     # Compiled for a bfloat16 target, called with float32 weights: refused, the jit runs.

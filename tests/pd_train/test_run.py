@@ -71,6 +71,49 @@ def test_second_launch_hits_the_compile_cache(
     assert any(c["cache"] == "miss" for c in first["jits"]["train_step"]["compiles"])
 
 
+def test_a_source_edit_that_keeps_the_programs_loads_them_by_their_lowered_key(
+    uninterrupted: Path, tmp_path: Path, cache: Path
+) -> None:
+    """After an edit of pd's source that changes no program (its digest faked in the launch's
+    process), each program misses its source key, is lowered, and loads by its lowered key
+    (no compile, not served by JAX's persistent cache, so stored under the new source key):
+    the next launch hits at once."""
+    import os
+    import sys
+
+    from ._cli import ONE_DEVICE
+
+    config = write_config(tmp_path, tiny_config(tmp_path, cache))
+    code = (
+        "import runpy, sys\n"
+        "import pd_train.process_env as pe\n"
+        "pe.source_digest = lambda: 'an edit that changes no program'\n"
+        "sys.argv = ['pd-train', *sys.argv[1:]]\n"
+        "runpy.run_module('pd_train.cli', run_name='__main__')\n"
+    )
+    records, outputs = [], []
+    for name in ("edited", "again"):
+        run_dir = tmp_path / name
+        args = ["run", str(config), "--run-dir", str(run_dir), "--max-steps", "1"]
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **ONE_DEVICE},
+        )
+        outputs.append(_finish(proc))
+        records.append(json.loads((run_dir / "compile.json").read_text()))
+    edited, again = records
+    assert "loading train_step (executable cache, by its lowered program" in outputs[0]
+    assert edited["notes"]["train_step_executable_cache"] == "hit (lowered)", edited["notes"]
+    assert edited["jits"]["train_step"]["compiles"] == [], edited["jits"]["train_step"]
+    init = edited["notes"]["init_executable_cache"]
+    assert init and set(init.values()) == {"hit (lowered)"}, init
+    assert again["notes"]["train_step_executable_cache"] == "hit", again["notes"]
+    assert set(again["notes"]["init_executable_cache"].values()) == {"hit"}
+
+
 def test_sigterm_saves_and_resume_continues_bit_exactly(
     uninterrupted: Path, tmp_path: Path, cache: Path
 ) -> None:

@@ -253,7 +253,10 @@ def test_a_warm_launch_loads_the_init_programs_from_the_executable_cache(tmp_pat
         outcomes, traced, first = launch(tmp_path)
         assert outcomes == dict.fromkeys(names, "miss")
         assert init_names & set(traced), traced  # the first launch traced them
-        assert len(list((tmp_path / "executables").glob("*.jaxexe"))) == len(names)
+        stored = list((tmp_path / "executables").glob("*.jaxexe"))
+        # One payload per program, each under its source key and its lowered key.
+        assert len({p.stat().st_ino for p in stored}) == len(names)
+        assert len(stored) == 2 * len(names)
         outcomes, traced, warm = launch(tmp_path)
     finally:
         jax.config.update("jax_enable_compilation_cache", enabled)

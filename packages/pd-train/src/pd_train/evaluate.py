@@ -361,8 +361,8 @@ class Evaluator:
         self._eval: Any = eval_jit(trainer)
         self._slow_eval: Any = None
         self._ahead: Any = None
-        #: ``hit`` (loaded from the executable cache), ``miss``, ``miss, not stored``, ``off``
-        #: (no cache given), ``failed``; None before :meth:`compile_ahead`.
+        #: ``hit`` (loaded from the executable cache), ``hit (lowered)``, ``miss``, ``miss, not
+        #: stored``, ``off`` (no cache given), ``failed``; None before :meth:`compile_ahead`.
         self.ahead_outcome: str | None = None
 
     def compile_ahead(
@@ -403,10 +403,9 @@ class Evaluator:
                         target_dtype=target_dtype,
                     )
                     if cache is not None and key is not None:
-                        compiled, stored = cache.compile_and_store(
+                        compiled, self.ahead_outcome = cache.obtain(
                             key, lowered, unchanged=unchanged
                         )
-                        self.ahead_outcome = "miss" if stored else "miss, not stored"
                     else:
                         compiled, self.ahead_outcome = lowered.compile(), "off"
                     result["compiled"] = compiled

@@ -134,10 +134,11 @@ def source_digest() -> str:
     return _source_digest(TRACED_PACKAGES)
 
 
-#: JAX options that say where and when programs are cached, not what they compute
-#: (``runtime.compile_cache.*`` is *outside* the programs, :mod:`pd_train.config.hyperparameters`):
-#: left out of :func:`program_key`, so that the same program keeps its key whatever the cache's
-#: directory or thresholds.
+#: JAX options that say where and when programs are cached, or what is logged about compiles,
+#: not what they compute (``runtime.compile_cache.*`` is *outside* the programs,
+#: :mod:`pd_train.config.hyperparameters`): left out of :func:`program_key`, so that the same
+#: program keeps its key whatever the cache's directory or thresholds, and a launch with
+#: ``JAX_LOG_COMPILES=1`` loads the programs the others stored.
 UNKEYED_JAX_OPTIONS = frozenset(
     {
         "jax_enable_compilation_cache",
@@ -147,6 +148,7 @@ UNKEYED_JAX_OPTIONS = frozenset(
         "jax_persistent_cache_min_entry_size_bytes",
         "jax_persistent_cache_enable_xla_caches",
         "jax_explain_cache_misses",
+        "jax_log_compiles",
     }
 )
 
@@ -154,11 +156,24 @@ UNKEYED_JAX_OPTIONS = frozenset(
 def program_key(name: str, *parts: Any, source: str | None = None) -> str:
     """A hex key for the program ``name`` built from ``parts`` (reprs of its static inputs:
     configs, abstract arguments) in this environment: the traced packages' source
-    (``source``, a :func:`source_digest`; read now if None), the versions of jax and the
-    libraries it traces, the backend and its devices, ``XLA_FLAGS``, and JAX's configuration
-    (but for the compile cache's own options, :data:`UNKEYED_JAX_OPTIONS`). Equal keys mean the
-    same traced program on the same backend."""
+    (``source``, a :func:`source_digest`; read now if None) and :func:`_environment`. Equal
+    keys mean the same traced program on the same backend."""
     import hashlib
+
+    context = [
+        name,
+        source_digest() if source is None else source,
+        _environment(),
+        [repr(p) for p in parts],
+    ]
+    return hashlib.sha256(repr(context).encode()).hexdigest()
+
+
+def _environment() -> list[Any]:
+    """What every executable-cache key holds of the environment: Python, the versions of jax
+    and the libraries it traces (:data:`KEYED_DISTRIBUTIONS`), the backend and its devices,
+    ``XLA_FLAGS`` and JAX's configuration (but for the compile cache's own options,
+    :data:`UNKEYED_JAX_OPTIONS`)."""
     import importlib.metadata
     import sys
 
@@ -174,19 +189,50 @@ def program_key(name: str, *parts: Any, source: str | None = None) -> str:
         for k, v in jax.config.values.items()
         if isinstance(v, str | int | float | bool | type(None)) and k not in UNKEYED_JAX_OPTIONS
     )
-    context = [
-        name,
+    return [
         sys.version,
         versions,
-        source_digest() if source is None else source,
         devices[0].client.platform,
         devices[0].client.platform_version,
         [(d.id, d.device_kind, d.process_index) for d in devices],
         jax.process_count(),
         os.environ.get("XLA_FLAGS", ""),
         config,
-        [repr(p) for p in parts],
     ]
+
+
+def lowered_program_key(lowered: Any) -> str | None:
+    """A hex key for the program ``lowered`` (a ``jax.stages.Lowered``, or an object that
+    passes its attributes through) is, whatever source traced it: its StableHLO text (without
+    locations), its argument and result trees, what its compile adds (compiler options, device
+    assignment, donations, platforms, hoisted constants) and :func:`_environment`. None when the
+    lowering is not one this understands (its compile inputs are JAX internals): the program
+    then has no second key."""
+    import hashlib
+
+    import numpy as np
+
+    try:
+        lowering = lowered._lowering
+        digest = hashlib.sha256(lowered.as_text().encode())
+        for const in lowering.const_args:
+            array = np.asarray(const)
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(array.tobytes())
+        context = [
+            "lowered",
+            digest.hexdigest(),
+            repr(lowered.in_tree),
+            repr(lowered.out_tree),
+            repr(lowering._compiler_options_kvs),
+            [d.id for d in lowering._device_list],
+            repr(lowering._donated_invars),
+            repr(lowering._platforms),
+            _environment(),
+        ]
+    except Exception as exc:  # another JAX's internals: no second key
+        log.debug("executable cache: no lowered key (%s: %s)", type(exc).__name__, exc)
+        return None
     return hashlib.sha256(repr(context).encode()).hexdigest()
 
 
@@ -239,7 +285,9 @@ class ExecutableCache:
 
     JAX's persistent cache keys a program by its lowered module, so even a hit traces and
     lowers it first (seconds for the train step); this cache keys it by what it was traced
-    from, so a hit only loads the executable. For one process only (a multi-process program
+    from, so a hit only loads the executable. Each entry is also linked under its lowered
+    program's key (:func:`lowered_program_key`): after a source edit that leaves a program as
+    it was, its lowering finds the entry there (:meth:`obtain`). For one process only (a multi-process program
     is compiled by every process together): :meth:`usable` says whether it applies. Loading
     runs code from the file (as JAX's own cache does): keep the directory private.
     """
@@ -285,18 +333,57 @@ class ExecutableCache:
     def compile_and_store(
         self, key: str, lowered: Any, *, unchanged: Any = None
     ) -> tuple[Any, bool]:
-        """``(lowered.compile(), stored)``: stored under ``key`` when it was compiled here. A program
-        JAX's persistent cache served is used but not stored: on XLA:CPU an executable that was
-        deserialized does not serialize again completely (its reload fails at the first call
-        with ``NOT_FOUND: Function <fusion> not found``). ``unchanged()`` (optional) is asked
-        after the compile; False (the traced source changed meanwhile) stores nothing."""
+        """``(program, stored)``: :meth:`obtain`, with ``stored`` True when the program is now
+        under ``key`` (compiled here and stored, or found under its lowered key)."""
+        compiled, outcome = self.obtain(key, lowered, unchanged=unchanged)
+        return compiled, outcome != "miss, not stored"
+
+    def obtain(self, key: str, lowered: Any, *, unchanged: Any = None) -> tuple[Any, str]:
+        """``(program, outcome)`` for a ``key`` that missed, its program ``lowered``.
+
+        Each stored program is also reachable by its :func:`lowered_program_key` (a hard link:
+        no bytes twice), so a source edit that leaves the program as it was finds it there:
+        ``hit (lowered)``, loaded without a compile and linked under ``key`` for the next launch.
+        Else ``lowered.compile()``: ``miss`` when it was compiled here and stored under both
+        keys; ``miss, not stored`` when JAX's persistent cache served it (on XLA:CPU an
+        executable that was deserialized does not serialize again completely: its reload fails
+        at the first call with ``NOT_FOUND: Function <fusion> not found``), it does not
+        serialize, or ``unchanged()`` (optional, asked after the compile) is False: the traced
+        source changed meanwhile."""
+        second = lowered_program_key(lowered)
+        if second is not None and (found := self.load(second)) is not None:
+            if unchanged is None or unchanged():
+                self.link(second, key)
+            return found, "hit (lowered)"
         compiled, hits = compile_counting_persistent_hits(lowered)
         stored = hits == 0 and (unchanged is None or unchanged()) and self.store(key, compiled)
-        return compiled, stored
+        if stored and second is not None:
+            self.link(key, second)
+        return compiled, "miss" if stored else "miss, not stored"
+
+    def link(self, key: str, new_key: str) -> bool:
+        """Make the entry under ``key`` reachable under ``new_key`` too (atomically replacing
+        what was there); False (logged) where the file system has no hard links."""
+        tmp = self._tmp(self._path(new_key))
+        try:
+            os.link(self._path(key), tmp)
+            os.replace(tmp, self._path(new_key))
+        except OSError as exc:  # pruned meanwhile, or no hard links: the program stays loaded
+            tmp.unlink(missing_ok=True)
+            log.debug("executable cache: not linking %s (%s)", new_key[:12], exc)
+            return False
+        return True
+
+    @staticmethod
+    def _tmp(path: Path) -> Path:
+        """A temporary name beside ``path`` that no other process or thread writes."""
+        import threading
+
+        return path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
 
     def store(self, key: str, compiled: Any) -> bool:
         """Write ``compiled`` under ``key`` (atomically); False if it cannot be serialized.
-        ``compiled`` must come from a compile, not from a cache (see :meth:`compile_and_store`)."""
+        ``compiled`` must come from a compile, not from a cache (see :meth:`obtain`)."""
         import pickle
 
         from jax.experimental import serialize_executable
@@ -316,13 +403,27 @@ class ExecutableCache:
             return False
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(key)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp = self._tmp(path)
         tmp.write_bytes(payload)
         os.replace(tmp, path)
-        entries = sorted(self.directory.glob("*.jaxexe"), key=lambda p: p.stat().st_mtime)
-        for old in entries[: max(len(entries) - self.max_entries, 0)]:
-            old.unlink(missing_ok=True)
+        self.prune()
         return True
+
+    def prune(self) -> None:
+        """Keep the :attr:`max_entries` most recently used payloads: an older one goes with
+        every name linked to it (its source keys and its lowered key)."""
+        payloads: dict[tuple[int, int], tuple[float, list[Path]]] = {}
+        for path in self.directory.glob("*.jaxexe"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # removed by another process meanwhile
+                continue
+            inode = (stat.st_dev, stat.st_ino)
+            payloads.setdefault(inode, (stat.st_mtime, []))[1].append(path)
+        by_age = sorted(payloads.values(), key=lambda entry: entry[0])
+        for _, names in by_age[: max(len(by_age) - self.max_entries, 0)]:
+            for name in names:
+                name.unlink(missing_ok=True)
 
 
 class TraceWindow:

@@ -37,15 +37,15 @@ def builtin_config(name: str) -> Path:
     from pd_train.config.io import ConfigError
 
     configs = builtin_configs()
+    if name in configs:  # answered without importing the toys (no toy shares its name)
+        return configs[name]
     if name in builtin_toys():
         msg = (
             f"builtin:{name} is a toy; this command takes decomposition configs (toys run with "
             f"pd-train run, compile, config and pretrain builtin:{name})"
         )
         raise ConfigError([("config", msg)])
-    if name not in configs:
-        allowed = ", ".join(f"builtin:{n}" for n in configs) or "none found"
-        toys = ", ".join(f"builtin:{n}" for n in builtin_toys())
-        msg = f"no builtin config {name!r}; configs: {allowed}; toys: {toys}"
-        raise ConfigError([("config", msg)])
-    return configs[name]
+    allowed = ", ".join(f"builtin:{n}" for n in configs) or "none found"
+    toys = ", ".join(f"builtin:{n}" for n in builtin_toys())
+    msg = f"no builtin config {name!r}; configs: {allowed}; toys: {toys}"
+    raise ConfigError([("config", msg)])

@@ -60,9 +60,10 @@ class StepProgram:
             if cache_dir is not None and ExecutableCache.usable()
             else None
         )
-        #: ``hit`` (loaded from the executable cache), ``miss`` (compiled and stored), ``miss,
-        #: not stored`` (served by JAX's persistent cache, or the source changed meanwhile),
-        #: ``off``.
+        #: ``hit`` (loaded from the executable cache), ``hit (lowered)`` (lowered, then loaded
+        #: by its lowered program's key: the source changed, the program did not), ``miss``
+        #: (compiled and stored), ``miss, not stored`` (served by JAX's persistent cache, or the
+        #: source changed meanwhile), ``off``.
         self.outcome = "off" if self.cache is None else "miss"
         self.compiled: Any = None
         self.error: BaseException | None = None
@@ -127,8 +128,11 @@ class StepProgram:
             self.error = exc
 
     def _compile(self, key: str) -> None:
+        import sys
+
         from pd_train.process_env import source_digest
 
+        t0 = time.perf_counter()
         lowered = self.trainer.lower_step(
             batch_size=self.trainer.pd.batch_size,
             seq_len=self.trainer.seq_len,
@@ -137,18 +141,24 @@ class StepProgram:
         if self.cache is None:
             self.compiled = lowered.compile()
         else:
-            self.compiled, stored = self.cache.compile_and_store(
+            compiled, self.outcome = self.cache.obtain(
                 key, lowered, unchanged=lambda: source_digest() == self._source
             )
-            if not stored:
-                self.outcome = "miss, not stored"
+            self.compiled = self.trainer.bind_step_program(compiled)
+            if self.outcome == "hit (lowered)" and self.announce:
+                print(
+                    f"loading train_step (executable cache, by its lowered program: pd's source"
+                    f" changed, the step did not)… {time.perf_counter() - t0:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def init_programs(self) -> Any:
         """A :attr:`Trainer.programs` that announces each init and warm-up jit by the
         trainer's name for it (``init: init_params``, ``init: init_sources``: pd-init names
         both jits ``stacked``; :func:`pd_train.outputs.compile_label`) and, with this program's
-        executable cache, serves them from it: each is loaded, or lowered, compiled and stored
-        (when compiled here, as the step), keyed by its name, the structural fields of the
+        executable cache, serves them from it: each is loaded, or lowered and then loaded by its
+        lowered key or compiled and stored (when compiled here, as the step), keyed by its name, the structural fields of the
         trainer's configs (:func:`trainer_program_key`), the source and its arguments' shapes,
         dtypes and shardings. Outcomes go to :attr:`init_outcomes`."""
         if self.cache is None:
@@ -176,12 +186,11 @@ class StepProgram:
             outcome = "hit"
             if compiled is None:
                 with compile_label(name):
-                    compiled, stored = cache.compile_and_store(
+                    compiled, outcome = cache.obtain(
                         key,
                         jit.lower(*args, **kwargs),
                         unchanged=lambda: source_digest() == self._source,
                     )
-                outcome = "miss" if stored else "miss, not stored"
             self.init_outcomes[name] = outcome
             return _Labelled(name, ProgramOrJit(name, compiled, jit))
 
