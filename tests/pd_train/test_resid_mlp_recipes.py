@@ -49,6 +49,6 @@ def test_resid_mlp1_fast_reaches_the_reference_criteria(seed: int) -> None:
     metrics, ci, _ = run_toy("resid_mlp1_fast", seed=seed)
     assert metrics["gt/identity_ci_error/layers.0.mlp_in"] == 0, _shown(ci)
     assert metrics["gt/dense_ci_error/layers.0.mlp_out"] == 0, _shown(ci)
-    assert metrics["gt/alive/layers.0.mlp_in"] == 100, _shown(ci)
-    assert metrics["gt/alive/layers.0.mlp_out"] == 50, _shown(ci)
+    assert metrics["gt/alive_one_hot/layers.0.mlp_in"] == 100, _shown(ci)
+    assert metrics["gt/alive_one_hot/layers.0.mlp_out"] == 50, _shown(ci)
     assert metrics["reproduced"] == 1.0
