@@ -49,7 +49,7 @@ def run_table(name: str, seeds: list[int]) -> bool:
     print(f"\n### {name}" + (f" ({toy.deviation})" if toy.deviation else ""))
     print(
         "| seed | steps | batch | K | wall s | CPU s | steps/s | samples/s | MMCS | ML2R "
-        "| IdentityCIError | DenseCIError | alive | reproduced |"
+        "| IdentityCIError | DenseCIError | alive (one-hot) | reproduced |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok = True
@@ -57,7 +57,7 @@ def run_table(name: str, seeds: list[int]) -> bool:
         cpu = time.process_time()
         m, ci, _ = run_toy(name, seed=seed)
         cpu = time.process_time() - cpu
-        alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive/{s}']:.0f}" for s in ci)
+        alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive_one_hot/{s}']:.0f}" for s in ci)
         ok &= m["reproduced"] == 1.0
         print(
             f"| {seed} | {toy.pd.steps} | {toy.pd.batch_size} | {toy.steps_per_call} "

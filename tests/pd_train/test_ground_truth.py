@@ -83,6 +83,35 @@ def test_alive_counts_components_above_the_threshold() -> None:
     assert alive_components(IDENTITY_CASE, threshold=0.5) == 3
 
 
+#: The CI [N=5, C=4] of a window of five examples: c0 fires on examples 0 and 3, c1 on
+#: example 1, c2 only at 0.1 (not above the threshold), c3 only on example 4 (say an input
+#: with two active features), at 0.3.
+WINDOW_CASE = np.array(
+    [
+        [0.95, 0.0, 0.1, 0.0],
+        [0.0, 1.0, 0.05, 0.0],
+        [0.0, 0.0, 0.0, 0.0],
+        [0.5, 0.02, 0.1, 0.0],
+        [0.0, 0.0, 0.0, 0.3],
+    ]
+)
+#: Its two features' one-hot CI [F=2, C=4]: c0 and c1 only.
+ONE_HOT_OF_WINDOW_CASE = np.array([[0.95, 0.0, 0.1, 0.0], [0.0, 1.0, 0.05, 0.0]])
+
+
+def test_alive_is_the_reference_count_over_a_window_and_alive_one_hot_pds() -> None:
+    """The reference's alive (AliveComponentsTracker): fired (> 0.1) on at least one example
+    of the window: c0, c1, c3 = 3 (c2's 0.1 is not above). pd's alive_one_hot: on a one-hot
+    input: c0, c1 = 2 (c3 fires only on the window's fifth example)."""
+    assert alive_components(WINDOW_CASE) == 3
+    table = ground_truth_table(
+        {"s": ONE_HOT_OF_WINDOW_CASE}, window_ci={"s": WINDOW_CASE}, identity=("s",)
+    )
+    assert table["gt/alive/s"] == 3.0
+    assert table["gt/alive_one_hot/s"] == 2.0
+    assert "gt/alive/s" not in ground_truth_table({"s": ONE_HOT_OF_WINDOW_CASE})
+
+
 def test_mmcs_and_ml2r_of_a_hand_case() -> None:
     """W rows w0 = (1, 0), w1 = (0, 2); U0 = (1, 1), U1 = (0, 1); V = [[1, 0.5], [-1, 3]].
     Feature 0: c0 writes (1, 1): cos 1/√2, norm ratio √2 (c1 writes (0, 0.5): cos 0).
@@ -115,9 +144,9 @@ def test_ground_truth_table_and_plots(tmp_path: Path) -> None:
     ci = {"layers.0.mlp_in": IDENTITY_CASE, "layers.0.mlp_out": DENSE_CASE}
     table = ground_truth_table(ci, identity=("layers.*.mlp_in",), dense={"layers.*.mlp_out": 2})
     assert table == {
-        "gt/alive/layers.0.mlp_in": 4.0,
+        "gt/alive_one_hot/layers.0.mlp_in": 4.0,
         "gt/identity_ci_error/layers.0.mlp_in": 3.0,
-        "gt/alive/layers.0.mlp_out": 4.0,
+        "gt/alive_one_hot/layers.0.mlp_out": 4.0,
         "gt/dense_ci_error/layers.0.mlp_out": 2.0,
         "gt/identity_ci_error": 3.0,
         "gt/dense_ci_error": 2.0,

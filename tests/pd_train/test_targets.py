@@ -134,8 +134,8 @@ def test_ground_truth_table_judges_only_the_matched_sites() -> None:
     ci = 0.95 * np.eye(4, 6)
     table = ground_truth_table({"a": ci, "b": ci}, identity=("a",))
     assert table == {
-        "gt/alive/a": 4.0,
+        "gt/alive_one_hot/a": 4.0,
         "gt/identity_ci_error/a": 0.0,
-        "gt/alive/b": 4.0,
+        "gt/alive_one_hot/b": 4.0,
         "gt/identity_ci_error": 0.0,
     }

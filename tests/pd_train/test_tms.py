@@ -44,7 +44,7 @@ def test_tms_fast_recipes_reach_the_reference_criteria(
     n = toy_config(name).target.n_features
     for site in SITES:
         assert metrics[f"gt/identity_ci_error/{site}"] == 0, _shown(ci)
-        assert metrics[f"gt/alive/{site}"] == n, _shown(ci)
+        assert metrics[f"gt/alive_one_hot/{site}"] == n, _shown(ci)
     assert metrics["gt/mmcs"] >= 0.99, metrics
     assert metrics.get("gt/dense_ci_error", 0) == 0, _shown(ci)  # +ID: hidden_0 one dense block
     assert metrics["reproduced"] == 1.0

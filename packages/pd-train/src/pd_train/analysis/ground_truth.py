@@ -16,8 +16,15 @@ component of one site on the input 0.75·e_i (the reference's ``input_magnitude`
   ([n_features, n_hidden] in pd's ``x @ W`` layout), the max over components of the cosine
   between ``V[j, c]·U[c]`` and ``W_j`` (MMCS, mean over j), and the norm ratio
   ``‖V[j, mcs(j)]·U[mcs(j)]‖ / ‖W_j‖`` at the best component (ML2R, mean over j).
-- :func:`alive_components`: components some one-hot input activates above the reference's
-  ``ci_alive_threshold`` (0.1).
+- :func:`alive_components`: components whose CI exceeds the reference's ``ci_alive_threshold``
+  (0.1) on at least one row of a CI matrix. On a window of examples drawn from the training
+  distribution this is the reference's *alive* count (goodfire-ai/spd's
+  ``AliveComponentsTracker``: fired above the threshold within the last
+  ``n_examples_until_dead`` training examples; pd counts it over one window at the current
+  params, as pd's Llama runs count it over one eval): ``gt/alive/{site}``. On the one-hot CI
+  it is pd's ``gt/alive_one_hot/{site}``: the components some single feature at 0.75 turns on,
+  which the paper's one-hot CI figures show; a component that fires only on inputs with two or
+  more active features counts in ``alive`` and not in ``alive_one_hot``.
 - :func:`neuron_contributions`, :func:`component_neuron_contributions`: the residual MLP's
   per-neuron contributions (paper, "Toy Model of Compressed Computation"), and their
   scatter plot :func:`plot_neuron_contributions`.
@@ -132,7 +139,8 @@ def dense_ci_error(
 
 
 def alive_components(ci: np.ndarray, threshold: float = ALIVE_THRESHOLD) -> int:
-    """Components that some one-hot input activates above ``threshold``; ci [F, C]."""
+    """Components whose CI exceeds ``threshold`` on at least one row; ci [N, C] (N examples of
+    a window: the reference's alive count; or the F one-hot rows: pd's ``alive_one_hot``)."""
     return int(np.sum(_check_2d(ci, "alive_components").max(axis=0) > threshold))
 
 
@@ -195,16 +203,21 @@ def ground_truth_table(
     *,
     identity: tuple[str, ...] = (),
     dense: Mapping[str, int] | None = None,
+    window_ci: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """``gt/alive/{site}`` for every site, ``gt/identity_ci_error/{site}`` for the sites an
-    ``identity`` fnmatch pattern matches, ``gt/dense_ci_error/{site}`` for those a ``dense``
-    pattern matches (``{pattern: k}``); ``gt/identity_ci_error`` / ``gt/dense_ci_error``: the
-    totals (the reference's ``total``)."""
+    """From the one-hot CI per site: ``gt/alive_one_hot/{site}`` for every site,
+    ``gt/identity_ci_error/{site}`` for the sites an ``identity`` fnmatch pattern matches,
+    ``gt/dense_ci_error/{site}`` for those a ``dense`` pattern matches (``{pattern: k}``);
+    ``gt/identity_ci_error`` / ``gt/dense_ci_error``: the totals (the reference's ``total``).
+    With ``window_ci`` (per site the CI [N, C] of N examples of the training distribution):
+    ``gt/alive/{site}``, the reference's alive count (:func:`alive_components`)."""
     out: dict[str, float] = {}
     totals = {"identity_ci_error": 0, "dense_ci_error": 0}
     dense = dict(dense or {})
     for site, ci in ci_by_site.items():
-        out[f"gt/alive/{site}"] = float(alive_components(ci))
+        if window_ci is not None:
+            out[f"gt/alive/{site}"] = float(alive_components(window_ci[site]))
+        out[f"gt/alive_one_hot/{site}"] = float(alive_components(ci))
         if any(fnmatch.fnmatch(site, p) for p in identity):
             err = identity_ci_error(ci)
             out[f"gt/identity_ci_error/{site}"] = float(err)
@@ -314,8 +327,8 @@ def plot_neuron_contributions(target: np.ndarray, component: np.ndarray, path: P
 
 def ground_truth_section(run_dir: str | Path) -> list[str] | None:
     """The report's ground-truth section of a toy run dir (HTML fragments), or None when
-    ``run_dir`` holds no toy run: the reference's metrics per site (alive, IdentityCIError,
-    DenseCIError) and MMCS / ML2R, from the latest ``analysis/ground_truth-{step}.json``
+    ``run_dir`` holds no toy run: the reference's metrics per site (alive, pd's alive on the
+    one-hot inputs, IdentityCIError, DenseCIError) and MMCS / ML2R, from the latest ``analysis/ground_truth-{step}.json``
     (``pd-train analyze``) or else the run's ``summary.json``, and the toy's PNGs under
     ``plots/`` (permuted CI, UV, directions, neuron contributions)."""
     import base64
@@ -360,12 +373,13 @@ def ground_truth_section(run_dir: str | Path) -> list[str] | None:
     rows = []
     for site in record.get("one_hot_ci", {}):
         cells = [html.escape(site)]
-        for key in ("alive", "identity_ci_error", "dense_ci_error"):
+        for key in ("alive", "alive_one_hot", "identity_ci_error", "dense_ci_error"):
             value = record.get(f"gt/{key}/{site}")
             cells.append("–" if value is None else f"{value:.0f}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append(
         '<table id="ground-truth"><thead><tr><th>site</th><th class="num">alive</th>'
+        '<th class="num">alive (one-hot)</th>'
         '<th class="num">IdentityCIError</th><th class="num">DenseCIError</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )

@@ -434,7 +434,10 @@ def summary_text(name: str, summary: dict[str, Any], *, k: int, run_dir: Path) -
     if "gt/mmcs" in summary:
         lines.append(f"  linear1: MMCS {summary['gt/mmcs']:.3f}, ML2R {summary['gt/ml2r']:.3f}")
     for site in summary["one_hot_ci"]:
-        line = f"  {site}: alive {summary[f'gt/alive/{site}']:.0f}"
+        line = (
+            f"  {site}: alive {summary[f'gt/alive/{site}']:.0f}"
+            f" (one-hot {summary[f'gt/alive_one_hot/{site}']:.0f})"
+        )
         if f"gt/identity_ci_error/{site}" in summary:
             line += f", IdentityCIError {summary[f'gt/identity_ci_error/{site}']:.0f}"
         if f"gt/dense_ci_error/{site}" in summary:

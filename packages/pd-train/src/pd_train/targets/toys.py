@@ -74,15 +74,18 @@ from pd_train.targets.tms import DataMode, TMSConfig, TMSTarget, pretrain, spars
 from pd_train.train import Trainer, TrainState, step_key
 
 __all__ = [
+    "ALIVE_WINDOW",
     "TOYS",
     "KStepPrograms",
     "Pretraining",
     "ToyConfig",
+    "alive_window",
     "assignment_l1_distance",
     "decompose",
     "features_separated",
     "flat_weights",
     "ground_truth_metrics",
+    "inputs_ci",
     "load_weights",
     "make_target",
     "one_hot_ci",
@@ -116,12 +119,19 @@ def one_hot_ci(
     interference from a neighbouring feature can survive the output ReLU, and then the
     neighbour's component is truly needed on that input."""
     x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
+    return inputs_ci(trainer, params, target_params, x)
+
+
+def inputs_ci(
+    trainer: Trainer, params: Any, target_params: Any, x: jax.Array
+) -> dict[str, np.ndarray]:
+    """``{site name: ci_lower [N, C]}`` on the inputs x [N, 1, n_features]."""
     comps = jax.tree_util.tree_map(lambda a: a.astype(trainer.compute_dtype), params["components"])
     clean = CleanRunner(trainer.forward_spec, target_params, x)
     _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
     out = {}
     for site in trainer.decomposition.sites:
-        ci = lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [F, C]
+        ci = lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [N, C]
         out[site.name] = np.asarray(ci, dtype=np.float64)
     return out
 
@@ -802,15 +812,34 @@ def toy_weights(name: str) -> dict[str, Any]:
     return load_weights(path)
 
 
+#: The examples of the window :func:`ground_truth_metrics` counts the alive components on
+#: (the reference's ``n_examples_until_dead``; pd's choice for the toys: each feature of a
+#: 100-feature toy at probability 0.01 is active in ~80 of them).
+ALIVE_WINDOW = 8192
+#: The window's data key: ``fold_in(key(0), ALIVE_WINDOW_KEY)``, the same for every run.
+ALIVE_WINDOW_KEY = 0xA11E
+
+
+def alive_window(toy: ToyConfig, n_examples: int = ALIVE_WINDOW) -> jax.Array:
+    """[n_examples, 1, n_features]: a fixed draw of the toy's training distribution."""
+    return toy_data(toy)(
+        key=jax.random.fold_in(jax.random.key(0), ALIVE_WINDOW_KEY),
+        batch_size=n_examples,
+        n_features=toy.target.n_features,
+        feature_probability=toy.feature_probability,
+    )
+
+
 def ground_truth_metrics(
     toy: ToyConfig, trainer: Trainer, params: Any, weights: Any
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """The reference's metrics of a decomposition of ``toy``: :func:`ground_truth_table`'s
-    (alive, IdentityCIError, DenseCIError per site and in total) and for a TMS target
-    ``gt/mmcs``, ``gt/ml2r`` (of ``linear1``, with their std over features). Returns them and
-    the one-hot CI per site."""
+    (alive on :func:`alive_window`, pd's alive on the one-hot inputs, IdentityCIError and
+    DenseCIError per site and in total) and for a TMS target ``gt/mmcs``, ``gt/ml2r`` (of
+    ``linear1``, with their std over features). Returns them and the one-hot CI per site."""
     ci = one_hot_ci(trainer, params, weights, toy.target.n_features)
-    out = ground_truth_table(ci, identity=toy.identity, dense=toy.dense)
+    window = inputs_ci(trainer, params, weights, alive_window(toy))
+    out = ground_truth_table(ci, identity=toy.identity, dense=toy.dense, window_ci=window)
     if isinstance(toy.target, TMSConfig):
         comps = jax.device_get(params["components"]["linear1"])
         w1 = np.asarray(weights["layers"]["linear1"][0])
