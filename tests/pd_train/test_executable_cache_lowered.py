@@ -25,14 +25,20 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 @pytest.fixture(autouse=True)
 def no_persistent_cache() -> Iterator[None]:
-    """Every compile here is XLA's (another test may have pointed JAX's persistent cache at a
-    directory that holds these tiny programs)."""
+    """Every compile here is XLA's (another test in this process may have pointed JAX's
+    persistent cache at a directory that holds these tiny programs). JAX decides once per
+    process whether its cache is used: ``reset_cache`` makes the switch take effect, here and
+    back."""
+    from jax._src import compilation_cache
+
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 class Compiles:

@@ -82,3 +82,58 @@ def test_compile_log_is_not_silenced_by_pd_logging(tmp_path: Path) -> None:
 def test_xla_caches_all_is_refused_with_the_reason() -> None:
     with pytest.raises(RuntimeSetupError, match="crashed at run time on GPU"):
         configure_compile_cache(Path("/nonexistent"), xla_caches="all")
+
+
+SWITCH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import jax, jax.numpy as jnp
+    from jax import monitoring
+    from pd_train.process_env import configure_compile_cache
+    events = []
+    monitoring.register_event_listener(lambda name, **kw: events.append(name))
+    x = jnp.ones((8, 8))
+
+    def compile_once():
+        # A fresh jit each time: only the persistent cache can serve it.
+        jax.jit(lambda y: jnp.cos(y) @ y.T).lower(x).compile()
+
+    def count(phase):
+        counts = {e: events.count(e) for e in ("/jax/compilation_cache/cache_hits",
+                                               "/jax/compilation_cache/cache_misses")}
+        events.clear()
+        return phase, counts
+
+    configure_compile_cache(Path(sys.argv[1]) / "a")
+    compile_once()
+    out = [count("on (a)")]
+    configure_compile_cache(None)
+    compile_once()
+    out.append(count("off"))
+    configure_compile_cache(Path(sys.argv[1]) / "b")
+    compile_once()
+    out.append(count("on (b)"))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_cache_switches_off_and_to_another_directory_within_a_process(tmp_path: Path) -> None:
+    """JAX decides once per process whether its persistent cache is used and where: turning it
+    off (``None``) after a compile must stop it, and another directory must be the one used."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SWITCH_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    phases = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    hits, misses = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
+    assert phases["on (a)"][misses] == 1 and phases["on (a)"][hits] == 0
+    # Off: the program that directory a holds is compiled, neither read nor written.
+    assert phases["off"] == {hits: 0, misses: 0}
+    assert phases["on (b)"][misses] == 1 and phases["on (b)"][hits] == 0
+    assert any((tmp_path / "b").iterdir())

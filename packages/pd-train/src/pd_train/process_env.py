@@ -87,8 +87,13 @@ def configure_compile_cache(
     """
     if xla_caches in REFUSED_XLA_CACHES:
         raise RuntimeSetupError(REFUSED_XLA_CACHES[xla_caches])
+    # JAX decides once per process whether its cache is used, and with which directory:
+    # reset_cache makes a change take effect in a process that compiled before (both ways).
+    from jax._src import compilation_cache
+
     if cache_dir is None:
         jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
         return
     cache_dir = Path(cache_dir).absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -98,9 +103,6 @@ def configure_compile_cache(
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if xla_caches is not None:
         jax.config.update("jax_persistent_cache_enable_xla_caches", xla_caches)
-    # A cache that was initialized earlier in this process keeps its old directory otherwise.
-    from jax._src import compilation_cache
-
     compilation_cache.reset_cache()
 
 
