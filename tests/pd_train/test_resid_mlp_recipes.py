@@ -23,7 +23,8 @@ import os
 import numpy as np
 import pytest
 
-from pd_train.targets.toys import run_toy
+from pd_train.config.pd import MLPCI, ChunkwiseSubsetRecon, ImportanceMinimality, StochasticRecon
+from pd_train.targets.toys import TOYS, run_toy
 
 
 def _shown(ci: dict[str, np.ndarray]) -> str:
@@ -55,3 +56,46 @@ def test_resid_mlp1_fast_reaches_the_reference_criteria(seed: int) -> None:
     assert metrics["gt/alive_one_hot/layers.0.mlp_in"] == 100, _shown(ci)
     assert metrics["gt/alive_one_hot/layers.0.mlp_out"] == 50, _shown(ci)
     assert metrics["reproduced"] == 1.0
+
+
+# The paper's appendix ("Training details", SPD paper, Bushnaq et al. 2025), written out by hand:
+# lr, importance-minimality coefficient, C, steps, d_gate; batch 2048, p 2, one CI MLP per
+# subcomponent, stochastic and layerwise stochastic recon at 1, constant lr; the 200-step
+# faithfulness warmup at lr 0.01 with weight decay 0.1 and the judged patterns (identity_ci
+# n_features, dense_ci k per layer) are goodfire-ai/spd's resid_mlp{1,2,3}_config.yaml.
+PAPER = {
+    "resid_mlp1": {"lr": 2e-3, "coeff": 1e-5, "C": 100, "steps": 30_000, "d_gate": 16,
+                   "features": 100, "k": 50},
+    "resid_mlp2": {"lr": 1e-3, "coeff": 1e-5, "C": 400, "steps": 50_000, "d_gate": 16,
+                   "features": 100, "k": 25},
+    "resid_mlp3": {"lr": 1e-3, "coeff": 0.5e-5, "C": 500, "steps": 200_000, "d_gate": 128,
+                   "features": 102, "k": 17},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_resid_recipes_are_the_papers(name: str) -> None:
+    paper, toy = PAPER[name], TOYS[name]
+    pd = toy.pd
+    assert (pd.steps, pd.batch_size) == (paper["steps"], 2048)
+    assert [(t.module_pattern, t.C) for t in pd.decomposition_targets] == [("layers.*", paper["C"])]
+    assert pd.ci == MLPCI(hidden_dims=(paper["d_gate"],))
+    for opt in (pd.components, pd.ci_fn):
+        assert (opt.lr, opt.final_val_frac, opt.warmup_steps, opt.weight_decay) == (
+            paper["lr"],
+            1.0,
+            0,
+            0.0,
+        )
+    im, sr, lw = pd.loss_metrics
+    assert isinstance(im, ImportanceMinimality)
+    assert (im.coeff, im.pnorm_start, im.pnorm_end, im.eps) == (paper["coeff"], 2.0, 2.0, 1e-12)
+    assert isinstance(sr, StochasticRecon) and (sr.coeff, sr.n_samples) == (1.0, 1)
+    assert isinstance(lw, ChunkwiseSubsetRecon)
+    assert (lw.coeff, lw.sites_per_chunk, lw.n_samples) == (1.0, 1, 1)
+    assert pd.sampling == "continuous" and pd.use_delta_component
+    warm = pd.faithfulness_warmup
+    assert (warm.steps, warm.lr, warm.weight_decay) == (200, 0.01, 0.1)
+    assert toy.target.n_features == paper["features"]
+    assert toy.identity == ("layers.*.mlp_in",)
+    assert toy.dense == {"layers.*.mlp_out": paper["k"]}
