@@ -14,7 +14,10 @@ gets there). The recipe, target and metrics match the reference's field by field
 recipe (3000 x 512, 1/40 of the paper's samples) stops before ``mlp_out`` converges. Measured
 in docs/toys.md (section "resid_mlp1: why resid_mlp1_fast does not reproduce"), seed 0:
 IdentityCIError 16 on mlp_in, DenseCIError 525 on mlp_out with 71 alive on the one-hot inputs;
-on the current weights the same trajectory as far as measured (1144 / 885 / 76 at step 1000)."""
+on the current weights the same trajectory as far as measured (1144 / 885 / 76 at step 1000).
+The closest variant (p 1, C 120 on mlp_in, 12000 x 512) ends with IdentityCIError 0 but 4 and 6
+extra mlp_out columns of one feature each at CI 1.0 (DenseCIError 4 and 6 on seeds 0 and 1):
+the reference's DenseCIPattern asks for exactly k = 50 columns (docs/toys.md, 2026-12-02)."""
 
 from __future__ import annotations
 
