@@ -9,9 +9,12 @@ process (user + system) and the wall ms, the best of ``--repeats``, and each blo
 to the whole one (CPU and wall). Shapes: TMS 40-10 (B 4096, C 200), TMS 5-2 (B 4096, C 20),
 resid_mlp1 (B 2048, C 100). It starts with the machine's speed (a pure-Python loop of 30 M
 additions, as ``benchmarks/time_to_first_step.py`` prints it): the machine may be shared, so
-compare the ratios, not the absolute figures, across runs.
+compare the ratios, not the absolute figures, across runs. The blocked arms are listed at
+``PULLBACKS`` (``written`` is what ``pd.ci.batch_block`` runs); a block of all the rows (4096)
+is the written-out program without blocking.
 
-    python benchmarks/ci_mlp.py [--blocks 64 128 256 512] [--steps 20] [--repeats 3]
+    python benchmarks/ci_mlp.py [--blocks 64 128 256 4096] [--pullbacks autodiff written]
+        [--shapes tms_40_10 tms_5_2 resid_mlp1] [--steps 20] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ def _params(c: int, key: jax.Array) -> dict[str, jax.Array]:
     }
 
 
-#: The blocked arms' backward: JAX's VJP of the block's forward (recomputed), or the written-out
-#: one-layer VJP with Φ in the erf form or in jax's erfc form.
+#: The blocked arms (``backward`` column): ``autodiff``, today's forward (``site_apply``) and
+#: JAX's VJP of each block's recomputed forward; ``written_vjp`` / ``written_vjp_erfc``, today's
+#: forward and the one-layer VJP written out (Φ in the erf / erfc form); ``written``, the forward
+#: and the VJP written out, Φ in the erf form: what ``pd.ci.batch_block`` runs at one hidden layer.
 PULLBACKS = {
     "autodiff": None,
+    "written_vjp": one_layer_pullback,
+    "written_vjp_erfc": functools.partial(one_layer_pullback, erf_form=False),
     "written": one_layer_pullback,
-    "written_erfc": functools.partial(one_layer_pullback, erf_form=False),
-    "written_fwd": one_layer_pullback,
 }
 
 
@@ -63,7 +68,7 @@ def program(block: int | None, pullback: str, steps: int):
     def site(params, inner):
         if block is None:
             return fn.site_apply(params, inner)
-        fwd = one_layer_forward if pullback == "written_fwd" else fn.site_apply
+        fwd = one_layer_forward if pullback == "written" else fn.site_apply
         return blocked_over_rows(fwd, block, PULLBACKS[pullback])(params, inner)
 
     def step(carry, _):
@@ -101,7 +106,7 @@ def measure(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--blocks", type=int, nargs="+", default=[64, 128, 256, 512])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[64, 128, 256, 4096])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument(
         "--pullbacks", nargs="+", default=["autodiff", "written"], choices=list(PULLBACKS)
