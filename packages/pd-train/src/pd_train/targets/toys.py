@@ -601,7 +601,7 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         pd=attrs.evolve(
             recipe,
             recon=TMS_RECON,
-            ci=attrs.evolve(recipe.ci, batch_block=TMS_CI_BLOCK),
+            ci=MLPCI(hidden_dims=(16,), batch_block=TMS_CI_BLOCK),
         ),
         identity=("layers.0.linear1", "layers.0.linear2"),
         dense={"layers.0.hidden_0": h} if hidden else {},
