@@ -260,6 +260,9 @@ STRUCTURAL_CHANGES: dict[str, Any] = {
         decomposition_targets=(DecompositionTarget(module_pattern="layers.*.mlp.down_proj", C=5),),
     ),
     "pd.ci[type=mlp].hidden_dims": lambda pd: attrs.evolve(pd, ci=MLPCI(hidden_dims=(5,))),
+    "pd.ci[type=mlp].batch_block": lambda pd: attrs.evolve(
+        pd, ci=attrs.evolve(pd.ci, batch_block=2)
+    ),
     "pd.loss_metrics[type=stochastic_recon].n_samples": lambda pd: attrs.evolve(
         pd, loss_metrics=(pd.loss_metrics[0], StochasticRecon(coeff=1.0, n_samples=2))
     ),

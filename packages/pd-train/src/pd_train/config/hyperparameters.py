@@ -115,6 +115,11 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group(
             "structural",
+            "how the CI MLPs' program is blocked over the rows (the same values up to rounding)",
+            "pd.ci[type=mlp].batch_block",
+        ),
+        *_group(
+            "structural",
             "part of the CI transformer's architecture (RoPE frequencies are computed from it "
             "at trace time)",
             f"{_CT}.rope_theta",

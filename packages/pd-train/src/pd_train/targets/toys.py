@@ -561,8 +561,24 @@ TMS_5_2_SEED = 13
 TMS_RECON = ReconConfig(chunk_loop="unroll")
 
 
+#: The TMS recipes' CI MLPs run over blocks of 128 rows (``pd.ci.batch_block``): one site's
+#: forward and backward at batch 4096 cost ~50 ms CPU against ~260 at C 200 and ~5 against ~10
+#: at C 20, the same values up to rounding (docs/toys.md, benchmarks/ci_mlp.py).
+TMS_CI_BLOCK = 128
+
+
 def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
     five = f == 5
+    recipe = _recipe(
+        steps=40_000,
+        batch_size=4096,
+        C=20 if five else 200,
+        lr=1e-3,
+        final_lr_frac=0.0,
+        im_coeff=3e-3 if five else 1e-4,
+        pnorm=1.0 if five else 2.0,
+        faithfulness=1.0,
+    )
     paper = {
         "tms_5_2": {"mmcs": 1.000, "ml2r": 0.993},
         "tms_40_10": {"mmcs": 1.000, "ml2r": 1.010},
@@ -583,17 +599,9 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
             fixed_identity_hidden=hidden,
         ),
         pd=attrs.evolve(
-            _recipe(
-                steps=40_000,
-                batch_size=4096,
-                C=20 if five else 200,
-                lr=1e-3,
-                final_lr_frac=0.0,
-                im_coeff=3e-3 if five else 1e-4,
-                pnorm=1.0 if five else 2.0,
-                faithfulness=1.0,
-            ),
+            recipe,
             recon=TMS_RECON,
+            ci=MLPCI(hidden_dims=(16,), batch_block=TMS_CI_BLOCK),
         ),
         identity=("layers.0.linear1", "layers.0.linear2"),
         dense={"layers.0.hidden_0": h} if hidden else {},
