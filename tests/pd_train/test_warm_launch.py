@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +78,82 @@ def test_logging_compiles_does_not_change_a_programs_executable_cache_key() -> N
     finally:
         jax.config.update("jax_log_compiles", before)
     assert quiet == logged
+
+
+def test_a_warm_launch_loads_its_init_programs_beside_the_step(tmp_path: Path) -> None:
+    """The init and warm-up programs a launch asked for are listed beside the step's entry;
+    the next launch with that step loads them in a thread as soon as it starts (not one by one
+    when each is called), and each is still taken by its own key: the state and warm-up
+    losses are the first launch's bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src import compilation_cache
+
+    from pd_train.process_env import EXECUTABLES_DIR, ExecutableCache
+    from pd_train.run import StepProgram
+    from pd_train.train import Trainer
+
+    from ._pgd import FAST, TINY, T, _pd, _target
+
+    names = ["init_params", "opt_init", "init_sources", "init_sources_opt"]
+    names += ["warmup_init", "warmup_step"]
+
+    def launch() -> tuple[StepProgram, list[Any]]:
+        trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+        program = StepProgram(trainer, target_dtype=jnp.float32, recorder=None, cache_dir=tmp_path)
+        program.start()  # the step misses: its thread waits for a recorder, never given here
+        program.wait_for_prefetch()
+        trainer.programs = program.init_programs()
+        try:
+            state = trainer.init_state(key=jax.random.key(5))
+            state, losses = trainer.faithfulness_warmup(state, _target(), steps=2)
+        finally:
+            trainer.programs = None
+            program.remember_init_programs()
+            program.cancel(wait=True)
+        return program, [*jax.tree.leaves(state), *losses]
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        first, cold = launch()
+        assert first.init_outcomes == dict.fromkeys(names, "miss")
+        assert first.init_prefetched == []  # nothing was listed yet
+        listed = ExecutableCache(tmp_path / EXECUTABLES_DIR).companions(first.key())
+        assert [name for name, _ in listed] == names
+        second, warm = launch()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+    assert second.key() == first.key()
+    assert second.init_outcomes == dict.fromkeys(names, "hit")
+    assert second.init_prefetched == names
+    assert len(cold) == len(warm) > 10
+    for a, b in zip(cold, warm, strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def test_a_listed_program_the_launch_does_not_ask_for_is_not_used(tmp_path: Path) -> None:
+    """The list beside a step's entry is a hint: a program listed under another key (a stale
+    list) is loaded but never handed to a jit whose key differs, and a damaged list is
+    ignored."""
+    from pd_train.process_env import ExecutableCache
+    from pd_train.run._programs import _Prefetch
+
+    from .test_time_to_first_step import _compiled
+
+    cache = ExecutableCache(tmp_path)
+    cache.store("a", _compiled())
+    cache.set_companions("step", [("init_params", "a"), ("opt_init", "gone")])
+    assert cache.companions("step") == [("init_params", "a"), ("opt_init", "gone")]
+    prefetch = _Prefetch(cache, [key for _, key in cache.companions("step")])
+    prefetch.wait()
+    assert prefetch.take("other") is None  # not listed
+    assert prefetch.take("gone") is None  # listed, no entry
+    assert prefetch.take("a") is not None
+    assert prefetch.take("a") is None  # handed over once
+    (tmp_path / "step.programs.json").write_text("{not json")
+    assert cache.companions("step") == []
+    assert cache.companions("never") == []

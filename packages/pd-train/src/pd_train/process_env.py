@@ -7,8 +7,11 @@ compile cache is configured before the first compile.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -109,6 +112,10 @@ def configure_compile_cache(
 #: The executable cache's folder inside the persistent compile cache's directory.
 EXECUTABLES_DIR = "executables"
 
+#: Beside an entry ``KEY.jaxexe``: ``KEY.programs.json``, the programs loaded with it
+#: (:meth:`ExecutableCache.companions`).
+COMPANIONS_SUFFIX = ".programs.json"
+
 #: The packages whose Python source is traced into pd's programs: any change to a file of
 #: theirs changes every executable-cache key.
 TRACED_PACKAGES = ("pd_train", "pd_sharding", "pd_init")
@@ -176,15 +183,9 @@ def _environment() -> list[Any]:
     and the libraries it traces (:data:`KEYED_DISTRIBUTIONS`), the backend and its devices,
     ``XLA_FLAGS`` and JAX's configuration (but for the compile cache's own options,
     :data:`UNKEYED_JAX_OPTIONS`)."""
-    import importlib.metadata
     import sys
 
-    versions = []
-    for dist in KEYED_DISTRIBUTIONS:
-        try:
-            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{dist} absent")
+    versions = list(_versions())
     devices = jax.devices()
     config = sorted(
         (k, repr(v))
@@ -201,6 +202,21 @@ def _environment() -> list[Any]:
         os.environ.get("XLA_FLAGS", ""),
         config,
     ]
+
+
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    """``dist==version`` of each of :data:`KEYED_DISTRIBUTIONS` (read once per process: each
+    read scans the installed distributions' metadata)."""
+    import importlib.metadata
+
+    versions = []
+    for dist in KEYED_DISTRIBUTIONS:
+        try:
+            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist} absent")
+    return tuple(versions)
 
 
 def lowered_program_key(lowered: Any) -> str | None:
@@ -310,6 +326,42 @@ class ExecutableCache:
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.jaxexe"
+
+    def _companions_path(self, key: str) -> Path:
+        return self.directory / f"{key}{COMPANIONS_SUFFIX}"
+
+    def holds(self, key: str) -> bool:
+        """Whether an entry is stored under ``key``."""
+        return self._path(key).is_file()
+
+    def companions(self, key: str) -> list[tuple[str, str]]:
+        """The ``(name, key)`` pairs :meth:`set_companions` listed beside ``key``'s entry (the
+        programs a launch that loaded it asked for next); [] when none are listed or the list
+        is unreadable."""
+        import json
+
+        try:
+            pairs = json.loads(self._companions_path(key).read_text())
+            return [(str(name), str(other)) for name, other in pairs]
+        except (OSError, ValueError, TypeError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.debug("executable cache: ignoring the companions of %s (%s)", key[:12], exc)
+            return []
+
+    def set_companions(self, key: str, pairs: list[tuple[str, str]]) -> None:
+        """List ``pairs`` (``(name, key)``) beside ``key``'s entry (atomically; also before the
+        entry is stored, as a cold launch's step still compiling); removed with it by
+        :meth:`prune`. Only a hint: a launch still loads each program by its own key."""
+        import json
+
+        path = self._companions_path(key)
+        tmp = self._tmp(path)
+        try:
+            tmp.write_text(json.dumps([list(pair) for pair in pairs]))
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk: the next launch loads them one by one
+            tmp.unlink(missing_ok=True)
+            log.debug("executable cache: not listing the companions of %s (%s)", key[:12], exc)
 
     def load(self, key: str) -> Any:
         """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
@@ -426,6 +478,13 @@ class ExecutableCache:
         for _, names in by_age[: max(len(by_age) - self.max_entries, 0)]:
             for name in names:
                 name.unlink(missing_ok=True)
+                self._companions_path(name.stem).unlink(missing_ok=True)
+        # Lists whose entry was never stored (a step that failed to compile), after a while.
+        for path in self.directory.glob(f"*{COMPANIONS_SUFFIX}"):
+            entry = self._path(path.name.removesuffix(COMPANIONS_SUFFIX))
+            with contextlib.suppress(FileNotFoundError):
+                if not entry.exists() and time.time() - path.stat().st_mtime > 3600:
+                    path.unlink()
 
 
 class TraceWindow:
