@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +78,207 @@ def test_logging_compiles_does_not_change_a_programs_executable_cache_key() -> N
     finally:
         jax.config.update("jax_log_compiles", before)
     assert quiet == logged
+
+
+def test_a_warm_launch_loads_its_init_programs_beside_the_step(tmp_path: Path) -> None:
+    """The init and warm-up programs a launch asked for are listed beside the step's entry;
+    the next launch with that step loads them in a thread as soon as it starts (not one by one
+    when each is called), and each is still taken by its own key: the state and warm-up
+    losses are the first launch's bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src import compilation_cache
+
+    from pd_train.process_env import EXECUTABLES_DIR, ExecutableCache
+    from pd_train.run import StepProgram
+    from pd_train.train import Trainer
+
+    from ._pgd import FAST, TINY, T, _pd, _target
+
+    names = ["init_params", "opt_init", "init_sources", "init_sources_opt"]
+    names += ["warmup_init", "warmup_step"]
+
+    def launch() -> tuple[StepProgram, list[Any]]:
+        trainer = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+        program = StepProgram(trainer, target_dtype=jnp.float32, recorder=None, cache_dir=tmp_path)
+        program.start()  # the step misses: its thread waits for a recorder, never given here
+        program.wait_for_prefetch()
+        trainer.programs = program.init_programs()
+        try:
+            state = trainer.init_state(key=jax.random.key(5))
+            state, losses = trainer.faithfulness_warmup(state, _target(), steps=2)
+        finally:
+            trainer.programs = None
+            program.remember_init_programs()
+            program.cancel(wait=True)
+        return program, [*jax.tree.leaves(state), *losses]
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        first, cold = launch()
+        assert first.init_outcomes == dict.fromkeys(names, "miss")
+        assert first.init_prefetched == []  # nothing was listed yet
+        listed = ExecutableCache(tmp_path / EXECUTABLES_DIR).companions(first.key())
+        assert [name for name, _ in listed] == names
+        second, warm = launch()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+    assert second.key() == first.key()
+    assert second.init_outcomes == dict.fromkeys(names, "hit")
+    assert second.init_prefetched == names
+    assert len(cold) == len(warm) > 10
+    for a, b in zip(cold, warm, strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def test_a_listed_program_the_launch_does_not_ask_for_is_not_used(tmp_path: Path) -> None:
+    """The list beside a step's entry is a hint: a program listed under another key (a stale
+    list) is loaded but never handed to a jit whose key differs, and a damaged list is
+    ignored."""
+    from pd_train.process_env import ExecutableCache
+    from pd_train.run._programs import _Prefetch
+
+    from .test_time_to_first_step import _compiled
+
+    cache = ExecutableCache(tmp_path)
+    cache.store("a", _compiled())
+    cache.set_companions("step", [("init_params", "a"), ("opt_init", "gone")])
+    assert cache.companions("step") == [("init_params", "a"), ("opt_init", "gone")]
+    prefetch = _Prefetch(cache, [key for _, key in cache.companions("step")])
+    prefetch.wait()
+    assert prefetch.take("other") is None  # not listed
+    assert prefetch.take("gone") is None  # listed, no entry
+    assert prefetch.take("a") is not None
+    assert prefetch.take("a") is None  # handed over once
+    (tmp_path / "step.programs.json").write_text("{not json")
+    assert cache.companions("step") == []
+    assert cache.companions("never") == []
+
+
+def test_a_program_compiled_without_locations_computes_the_same_under_its_own_keys(
+    tmp_path: Path,
+) -> None:
+    """`pd-train run` compiles its cached programs without source locations (the default
+    step's entry: 7.5 MB, 2.1 of it op names; its load ~15 % less CPU): the HLO has no op
+    metadata, the numbers are the jit's bit for bit, and the lowered key and the compile
+    options differ from the program with locations, so that neither cache serves one for the
+    other (a profiling run keeps its op names)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pd_train.process_env import (
+        ExecutableCache,
+        configure_compile_cache,
+        lowered_program_key,
+    )
+
+    def fn(x: jax.Array) -> jax.Array:
+        with jax.named_scope("pd.scope"):
+            return jnp.tanh(x @ x.T).sum(axis=0) * 3.0
+
+    x = jnp.arange(12.0).reshape(3, 4) / 7
+    cache = ExecutableCache(tmp_path / "executables")
+    configure_compile_cache(tmp_path / "jax")
+    try:
+        # With locations, into JAX's persistent cache: the program without them is not
+        # served from there ("miss, not stored" if it were), it is compiled and stored.
+        with_text = jax.jit(fn).lower(x).compile().as_text()
+        lowered = jax.jit(fn).lower(x)
+        assert lowered_program_key(lowered, locations=False) != lowered_program_key(lowered)
+        compiled, outcome = cache.obtain("k", lowered, locations=False)
+    finally:
+        configure_compile_cache(None)
+    assert "pd.scope" in with_text
+    assert outcome == "miss"
+    text = compiled.as_text()
+    assert "pd.scope" not in text and "op_name" not in text
+    loaded = cache.load("k")
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(jax.jit(fn)(x)))
+    # The train step's wrapper (its compile binds the hyperparameters) is stripped inside.
+    from pd_train.train._programs import _LoweredStep
+
+    step, outcome = cache.obtain("k3", _LoweredStep(lowered, None), locations=False)
+    assert outcome == "hit (lowered)"  # the same program: found by its lowered key
+    step, outcome = ExecutableCache(tmp_path / "other").obtain(
+        "k", _LoweredStep(jax.jit(fn).lower(x), None), locations=False
+    )
+    assert "pd.scope" not in step.as_text() and "op_name" not in step.as_text()
+    # The same program lowered again finds the entry by its lowered key (without locations).
+    again, outcome = cache.obtain("k2", jax.jit(fn).lower(x), locations=False)
+    assert outcome == "hit (lowered)"
+    np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(jax.jit(fn)(x)))
+
+
+def test_only_a_run_that_records_a_trace_keeps_its_programs_locations() -> None:
+    import jax.numpy as jnp
+
+    from pd_train.config.runtime import LaunchEnvConfig, ProfileConfig
+    from pd_train.run import StepProgram
+    from pd_train.train import Trainer
+
+    from ._pgd import FAST, TINY, T, _pd
+
+    plain = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+    traced = Trainer(TINY, _pd(), compiler_options=FAST, seq_len=T)
+    traced.runtime = attrs_evolve(
+        plain.runtime, launch_env=LaunchEnvConfig(profile=ProfileConfig(trace_start_step=1))
+    )
+    programs = [
+        StepProgram(t, target_dtype=jnp.float32, recorder=None, cache_dir=None)
+        for t in (plain, traced)
+    ]
+    assert [p.locations for p in programs] == [False, True]
+    assert programs[0]._program_key("train_step") != programs[1]._program_key("train_step")
+
+
+def attrs_evolve(instance: Any, **changes: Any) -> Any:
+    import attrs
+
+    return attrs.evolve(instance, **changes)
+
+
+def test_the_collector_is_paused_over_the_set_up_and_frozen_after() -> None:
+    """`pd-train run` validates its config with the cyclic collector off (its imports and set-up
+    made ~300 collections that freed almost nothing) and turns it back on, with the set-up's
+    objects frozen, once the runtime has started."""
+    code = (
+        "import gc, sys\n"
+        "import pd_train.run as runner\n"
+        "seen = []\n"
+        "def prepare(*args, **kwargs):\n"
+        "    seen.append(gc.isenabled())\n"
+        "    raise KeyboardInterrupt\n"
+        "runner.prepare = prepare\n"
+        "from pd_train import cli\n"
+        "code = cli.main(['run', 'builtin:default'])\n"
+        "print(seen, gc.isenabled(), gc.get_freeze_count() > 0, code)\n"
+    )
+    assert _python(code) == "[False] True True 130"
+
+
+def test_resume_turns_collection_back_on_once() -> None:
+    import gc
+
+    from pd_train import _gc_pause
+
+    assert gc.isenabled()
+    with _gc_pause.paused():
+        assert not gc.isenabled()
+        _gc_pause.resume()
+        assert gc.isenabled()
+        gc.disable()  # someone else's choice after the resume: left alone
+        _gc_pause.resume()
+        assert not gc.isenabled()
+        gc.enable()
+    assert gc.isenabled()
+    gc.unfreeze()
+    gc.disable()
+    with _gc_pause.paused():  # already off: not turned on at the end
+        pass
+    assert not gc.isenabled()
+    gc.enable()

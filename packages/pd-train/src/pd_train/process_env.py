@@ -7,8 +7,12 @@ compile cache is configured before the first compile.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -109,6 +113,10 @@ def configure_compile_cache(
 #: The executable cache's folder inside the persistent compile cache's directory.
 EXECUTABLES_DIR = "executables"
 
+#: Beside an entry ``KEY.jaxexe``: ``KEY.programs.json``, the programs loaded with it
+#: (:meth:`ExecutableCache.companions`).
+COMPANIONS_SUFFIX = ".programs.json"
+
 #: The packages whose Python source is traced into pd's programs: any change to a file of
 #: theirs changes every executable-cache key.
 TRACED_PACKAGES = ("pd_train", "pd_sharding", "pd_init")
@@ -176,15 +184,9 @@ def _environment() -> list[Any]:
     and the libraries it traces (:data:`KEYED_DISTRIBUTIONS`), the backend and its devices,
     ``XLA_FLAGS`` and JAX's configuration (but for the compile cache's own options,
     :data:`UNKEYED_JAX_OPTIONS`)."""
-    import importlib.metadata
     import sys
 
-    versions = []
-    for dist in KEYED_DISTRIBUTIONS:
-        try:
-            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{dist} absent")
+    versions = list(_versions())
     devices = jax.devices()
     config = sorted(
         (k, repr(v))
@@ -203,7 +205,75 @@ def _environment() -> list[Any]:
     ]
 
 
-def lowered_program_key(lowered: Any) -> str | None:
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    """``dist==version`` of each of :data:`KEYED_DISTRIBUTIONS` (read once per process: each
+    read scans the installed distributions' metadata)."""
+    import importlib.metadata
+
+    versions = []
+    for dist in KEYED_DISTRIBUTIONS:
+        try:
+            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist} absent")
+    return tuple(versions)
+
+
+_without_locations = threading.local()
+
+
+@functools.cache
+def _tag_persistent_keys() -> bool:
+    """Extend JAX's persistent-cache key (its ``cache_key.custom_hook``, meant for additions)
+    with "without locations" for the compiles :meth:`ExecutableCache.obtain` makes of a :func:`without_locations` copy: JAX's
+    key ignores a module's locations, so without the tag a program compiled without them
+    would serve a run that keeps them (a profiler trace) from JAX's cache, and the reverse.
+    False where this JAX has no such hook (the programs then keep their locations)."""
+    try:
+        from jax._src import cache_key
+    except ImportError:
+        return False
+    previous = getattr(cache_key, "custom_hook", None)
+    if previous is None:
+        return False
+
+    def custom_hook() -> str:
+        tag = " pd: without locations" if getattr(_without_locations, "on", False) else ""
+        return f"{previous()}{tag}"
+
+    cache_key.custom_hook = custom_hook
+    return True
+
+
+def without_locations(lowered: Any) -> Any:
+    """A copy of ``lowered`` (a ``jax.stages.Lowered``) whose module has no source locations
+    (op names, file and line of each op): its executable's HLO carries no op metadata. For
+    the default config's train step that metadata was 2.1 of its entry's 7.5 MB and ~0.15 of
+    its ~1.1 CPU s load (docs/compile-cache.md); what the program computes is unchanged. A
+    profile of such a program names its fusions, not the JAX ops inside them. ``lowered``
+    itself (and JAX's caches of its lowering) stay as they were."""
+    import copy
+
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir, passmanager
+
+    if "lowered" in vars(lowered):  # a wrapper passing attributes through (pd's train step)
+        wrapper = object.__new__(type(lowered))
+        vars(wrapper).update(vars(lowered), lowered=without_locations(lowered.lowered))
+        return wrapper
+    module = lowered._lowering._hlo
+    with module.context:
+        stripped = ir.Module.parse(mlir.module_to_bytecode(module))
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(stripped.operation)
+    lowering = copy.copy(lowered._lowering)
+    lowering._hlo, lowering._executable = stripped, None
+    result = copy.copy(lowered)
+    result._lowering = lowering
+    return result
+
+
+def lowered_program_key(lowered: Any, *, locations: bool = True) -> str | None:
     """A hex key for the program ``lowered`` (a ``jax.stages.Lowered``, or an object that
     passes its attributes through) is, whatever source traced it: its StableHLO text (without
     locations), its argument and result trees, what its compile adds (compiler options, device
@@ -231,6 +301,7 @@ def lowered_program_key(lowered: Any) -> str | None:
             repr(lowering._donated_invars),
             repr(lowering._platforms),
             _environment(),
+            *([] if locations else ["without locations"]),
         ]
     except Exception as exc:  # another JAX's internals: no second key
         log.debug("executable cache: no lowered key (%s: %s)", type(exc).__name__, exc)
@@ -311,6 +382,42 @@ class ExecutableCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.jaxexe"
 
+    def _companions_path(self, key: str) -> Path:
+        return self.directory / f"{key}{COMPANIONS_SUFFIX}"
+
+    def holds(self, key: str) -> bool:
+        """Whether an entry is stored under ``key``."""
+        return self._path(key).is_file()
+
+    def companions(self, key: str) -> list[tuple[str, str]]:
+        """The ``(name, key)`` pairs :meth:`set_companions` listed beside ``key``'s entry (the
+        programs a launch that loaded it asked for next); [] when none are listed or the list
+        is unreadable."""
+        import json
+
+        try:
+            pairs = json.loads(self._companions_path(key).read_text())
+            return [(str(name), str(other)) for name, other in pairs]
+        except (OSError, ValueError, TypeError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.debug("executable cache: ignoring the companions of %s (%s)", key[:12], exc)
+            return []
+
+    def set_companions(self, key: str, pairs: list[tuple[str, str]]) -> None:
+        """List ``pairs`` (``(name, key)``) beside ``key``'s entry (atomically; also before the
+        entry is stored, as a cold launch's step still compiling); removed with it by
+        :meth:`prune`. Only a hint: a launch still loads each program by its own key."""
+        import json
+
+        path = self._companions_path(key)
+        tmp = self._tmp(path)
+        try:
+            tmp.write_text(json.dumps([list(pair) for pair in pairs]))
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk: the next launch loads them one by one
+            tmp.unlink(missing_ok=True)
+            log.debug("executable cache: not listing the companions of %s (%s)", key[:12], exc)
+
     def load(self, key: str) -> Any:
         """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
         a damaged file is logged and ignored, and the program compiles again)."""
@@ -340,7 +447,9 @@ class ExecutableCache:
         compiled, outcome = self.obtain(key, lowered, unchanged=unchanged)
         return compiled, outcome != "miss, not stored"
 
-    def obtain(self, key: str, lowered: Any, *, unchanged: Any = None) -> tuple[Any, str]:
+    def obtain(
+        self, key: str, lowered: Any, *, unchanged: Any = None, locations: bool = True
+    ) -> tuple[Any, str]:
         """``(program, outcome)`` for a ``key`` that missed, its program ``lowered``.
 
         Each stored program is also reachable by its :func:`lowered_program_key` (a hard link:
@@ -351,13 +460,25 @@ class ExecutableCache:
         executable that was deserialized does not serialize again completely: its reload fails
         at the first call with ``NOT_FOUND: Function <fusion> not found``), it does not
         serialize, or ``unchanged()`` (optional, asked after the compile) is False: the traced
-        source changed meanwhile."""
-        second = lowered_program_key(lowered)
+        source changed meanwhile. ``locations=False``: compiled without source locations
+        (:func:`without_locations`), under a lowered key and a JAX persistent-cache key of its
+        own (:func:`_tag_persistent_keys`)."""
+        second = lowered_program_key(lowered, locations=locations)
         if second is not None and (found := self.load(second)) is not None:
             if unchanged is None or unchanged():
                 self.link(second, key)
             return found, "hit (lowered)"
-        compiled, hits = compile_counting_persistent_hits(lowered)
+        stripped = False
+        if not locations and _tag_persistent_keys():
+            try:
+                lowered, stripped = without_locations(lowered), True
+            except Exception as exc:  # another JAX's internals: compiled as it is
+                log.debug("executable cache: locations kept (%s: %s)", type(exc).__name__, exc)
+        _without_locations.on = stripped
+        try:
+            compiled, hits = compile_counting_persistent_hits(lowered)
+        finally:
+            _without_locations.on = False
         stored = hits == 0 and (unchanged is None or unchanged()) and self.store(key, compiled)
         if stored and second is not None:
             self.link(key, second)
@@ -426,6 +547,13 @@ class ExecutableCache:
         for _, names in by_age[: max(len(by_age) - self.max_entries, 0)]:
             for name in names:
                 name.unlink(missing_ok=True)
+                self._companions_path(name.stem).unlink(missing_ok=True)
+        # Lists whose entry was never stored (a step that failed to compile), after a while.
+        for path in self.directory.glob(f"*{COMPANIONS_SUFFIX}"):
+            entry = self._path(path.name.removesuffix(COMPANIONS_SUFFIX))
+            with contextlib.suppress(FileNotFoundError):
+                if not entry.exists() and time.time() - path.stat().st_mtime > 3600:
+                    path.unlink()
 
 
 class TraceWindow:

@@ -128,6 +128,16 @@ def exit_now(code: int, *, force: bool = False) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pd_train import _gc_pause
+
+    # The set-up's imports and objects are not scanned by the cyclic collector: paused until
+    # the runtime has started (before any device array exists), then frozen (_gc_pause).
+    with _gc_pause.paused():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pd_train import _gc_pause
     from pd_train import run as runner
     from pd_train.config.io import ConfigError
     from pd_train.run.distributed import DistributedError, placement_from_flags
@@ -149,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         if is_toy_config(str(source)):  # a toy run dir: the toy runner resumes it
             from pd_train.cli import toy as toy_cli
 
+            _gc_pause.resume()
+
             if not (resume / "checkpoints").is_dir():
                 return fail(f"--resume {resume}: no checkpoint there yet; {restart_hint(resume)}")
             _, summary = toy_cli.run_toy_cli(
@@ -164,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
             if args.distributed != "none":
                 return fail("a toy run is one process; leave --distributed out")
+            _gc_pause.resume()
             _, summary = toy_cli.run_toy_cli(
                 args.config, args.overrides, run_dir=args.run_dir, max_steps=args.max_steps
             )
@@ -185,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
             if resume is None and args.run_dir is not None:
                 prepared = runner.resolve_run_dir(prepared, run_dir)
             rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
+            _gc_pause.resume()
             result = runner.execute(
                 rt,
                 run_dir=run_dir,

@@ -349,8 +349,11 @@ def _initial_state(
                 ),
             )
     trainer.programs = None
+    step_program.remember_init_programs()
     if step_program.init_outcomes:
         recorder.note(init_executable_cache=dict(step_program.init_outcomes))
+    if step_program.init_prefetched:
+        recorder.note(init_programs_prefetched=list(step_program.init_prefetched))
     return canonical_state(trainer, state), replicated(trainer, run_key), start
 
 

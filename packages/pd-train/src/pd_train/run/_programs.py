@@ -4,6 +4,7 @@ background thread, loaded from the executable cache when it holds them."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,13 @@ class StepProgram:
     exists), the thread loads from the executable cache at once; a program that must be
     compiled waits for :meth:`attach` so that its trace, lower and compile are recorded in
     compile.json as before (:meth:`cancel` ends a thread whose run never started).
+
+    The init and warm-up programs that a launch with this step loaded or stored are listed
+    beside the step's entry (:meth:`remember_init_programs`,
+    :meth:`pd_train.process_env.ExecutableCache.companions`); :meth:`start` loads those in a
+    second thread at once, beside the step's load, so that :meth:`init_programs` finds them
+    loaded (each still by its own key: a listed program whose key the launch does not ask for
+    is never used).
     """
 
     def __init__(
@@ -40,8 +48,6 @@ class StepProgram:
         cache_dir: Path | None,
         announce: bool = False,
     ) -> None:
-        import threading
-
         from pd_train.process_env import EXECUTABLES_DIR, ExecutableCache, source_digest
 
         self.trainer = trainer
@@ -74,15 +80,75 @@ class StepProgram:
         self._source = source_digest() if self.cache is not None else ""
         #: ``{init or warm-up jit name: executable-cache outcome}`` (see :meth:`init_programs`).
         self.init_outcomes: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._inputs: list[Any] | None = None
+        self._key: str | None = None
+        #: ``(name, key)`` of each init and warm-up program asked for, in order.
+        self._init_keys: list[tuple[str, str]] = []
+        #: What the cache listed for this step (:meth:`remember_init_programs`).
+        self._listed: list[tuple[str, str]] = []
+        self._prefetch: _Prefetch | None = None
+        #: The init and warm-up jits whose programs the prefetch thread had loaded.
+        self.init_prefetched: list[str] = []
+        self._prefetch_started = threading.Event()
+
+    @property
+    def locations(self) -> bool:
+        """Whether the programs keep their source locations (op names): only in a run that
+        records a profiler trace (``runtime.launch_env.profile.trace_start_step``); else they
+        are compiled without them (:func:`pd_train.process_env.without_locations`: a smaller
+        entry that loads faster), under keys of their own."""
+        profile = getattr(getattr(self.trainer.runtime, "launch_env", None), "profile", None)
+        return getattr(profile, "trace_start_step", None) is not None
+
+    def _program_key(self, name: str) -> str:
+        """:func:`trainer_program_key` of ``name``, the trainer's static inputs read once."""
+        with self._lock:
+            if self._inputs is None:
+                self._inputs = program_inputs(self.trainer, self.target_dtype)
+                if not self.locations:
+                    self._inputs.append("without locations")
+            inputs = self._inputs
+        return trainer_program_key(
+            name, self.trainer, self.target_dtype, self._source, inputs=inputs
+        )
 
     def key(self) -> str:
-        return trainer_program_key("train_step", self.trainer, self.target_dtype, self._source)
+        if self._key is None:
+            self._key = self._program_key("train_step")
+        return self._key
 
     def start(self) -> None:
-        import threading
-
         self._thread = threading.Thread(target=self._build, name="pd-train-step", daemon=True)
         self._thread.start()
+
+    def _start_prefetch(self) -> None:
+        """Load the init and warm-up programs listed beside the step's entry, in a thread."""
+        assert self.cache is not None
+        try:
+            self._listed = self.cache.companions(self.key())
+            if self._listed:
+                self._prefetch = _Prefetch(self.cache, [key for _, key in self._listed])
+        finally:
+            self._prefetch_started.set()
+
+    def wait_for_prefetch(self) -> None:
+        """Wait until the listed init programs are loaded (tests: a run never waits)."""
+        self._prefetch_started.wait()
+        if self._prefetch is not None:
+            self._prefetch.wait()
+
+    def remember_init_programs(self) -> None:
+        """List beside the step's entry the init and warm-up programs this launch asked for
+        and the cache now holds (for the next launch's :meth:`start`); drop the prefetched
+        programs nobody asked for."""
+        if self._prefetch is not None:
+            self._prefetch.finish()
+        if self.cache is None or not self._init_keys:
+            return
+        held = [(name, key) for name, key in self._init_keys if self.cache.holds(key)]
+        if held != self._listed:
+            self.cache.set_companions(self.key(), held)
 
     def attach(self, recorder: Any) -> None:
         """Give a program started without a recorder the run's (entered) recorder: a compile
@@ -99,6 +165,8 @@ class StepProgram:
             self._attached.set()
             if wait and self._thread is not None:
                 self._thread.join()
+        if wait and self._prefetch is not None:
+            self._prefetch.finish()
 
     def _build(self) -> None:
         import sys
@@ -106,6 +174,8 @@ class StepProgram:
         try:
             key = self.key() if self.cache is not None else ""
             if self.cache is not None:
+                # The init programs are needed first: their loads start beside the step's.
+                self._start_prefetch()
                 # A load needs no recorder: it starts at once, also before the run's.
                 t0 = time.perf_counter()
                 self.compiled = self.trainer.bind_step_program(self.cache.load(key))
@@ -142,7 +212,10 @@ class StepProgram:
             self.compiled = lowered.compile()
         else:
             compiled, self.outcome = self.cache.obtain(
-                key, lowered, unchanged=lambda: source_digest() == self._source
+                key,
+                lowered,
+                unchanged=lambda: source_digest() == self._source,
+                locations=self.locations,
             )
             self.compiled = self.trainer.bind_step_program(compiled)
             if self.outcome == "hit (lowered)" and self.announce:
@@ -176,13 +249,14 @@ class StepProgram:
                 lambda a: (tuple(a.shape), str(a.dtype), repr(getattr(a, "sharding", None))),
                 (args, kwargs),
             )
-            key = trainer_program_key(
-                f"{name} {jax.tree.structure((args, kwargs))} {signature}",
-                self.trainer,
-                self.target_dtype,
-                self._source,
-            )
-            compiled = cache.load(key)
+            key = self._program_key(f"{name} {jax.tree.structure((args, kwargs))} {signature}")
+            self._init_keys.append((name, key))
+            prefetch = self._prefetch
+            compiled = prefetch.take(key) if prefetch is not None else None
+            if compiled is not None:
+                self.init_prefetched.append(name)
+            else:
+                compiled = cache.load(key)
             outcome = "hit"
             if compiled is None:
                 with compile_label(name):
@@ -190,6 +264,7 @@ class StepProgram:
                         key,
                         jit.lower(*args, **kwargs),
                         unchanged=lambda: source_digest() == self._source,
+                        locations=self.locations,
                     )
             self.init_outcomes[name] = outcome
             return _Labelled(name, ProgramOrJit(name, compiled, jit))
@@ -246,7 +321,9 @@ class StepProgram:
         return self.compiled(state, target, tokens, key)
 
 
-def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str) -> str:
+def trainer_program_key(
+    name: str, trainer: Any, target_dtype: Any, source: str, *, inputs: list[Any] | None = None
+) -> str:
     """The executable-cache key of the trainer's program ``name`` (``train_step``,
     ``eval_metrics``, an init jit with its arguments' signature): its static inputs and
     ``source``, a :func:`pd_train.process_env.source_digest`.
@@ -257,10 +334,13 @@ def trainer_program_key(name: str, trainer: Any, target_dtype: Any, source: str)
     schedules, p, step counts, thresholds) are not part of it: every program takes them as an
     argument (:meth:`pd_train.train.Trainer.hyperparams`, :func:`pd_train.evaluate.eval_hyperparams`,
     the warm-up's lr and weight decay), so a program compiled under one value serves every
-    other, called with this trainer's values (tests/pd_train/test_cache_key.py)."""
+    other, called with this trainer's values (tests/pd_train/test_cache_key.py). ``inputs``:
+    :func:`program_inputs` of the trainer, when the caller has read them already."""
     from pd_train.process_env import program_key
 
-    return program_key(name, *program_inputs(trainer, target_dtype), source=source)
+    if inputs is None:
+        inputs = program_inputs(trainer, target_dtype)
+    return program_key(name, *inputs, source=source)
 
 
 def program_inputs(trainer: Any, target_dtype: Any) -> list[Any]:
@@ -290,6 +370,58 @@ def _types(tree: Any) -> str:
     import jax
 
     return repr(jax.tree.map(lambda v: type(v).__name__, tree))
+
+
+class _Prefetch:
+    """Programs loaded from an executable cache in a thread, in the order given; :meth:`take`
+    hands each over once."""
+
+    def __init__(self, cache: Any, keys: list[str]) -> None:
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._pending = list(dict.fromkeys(keys))  # not started yet
+        self._loaded: dict[str, Any] = {}
+        self._events = {key: threading.Event() for key in self._pending}
+        self._thread = threading.Thread(
+            target=self._run, name="pd-train-init-programs", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                key = self._pending.pop(0)
+            try:
+                self._loaded[key] = self._cache.load(key)
+            finally:
+                self._events[key].set()
+
+    def take(self, key: str) -> Any:
+        """The program loaded under ``key`` (waiting for its load to finish), or None: not
+        listed, taken already, or not started yet (the caller loads it itself, and the thread
+        skips it)."""
+        with self._lock:
+            if key in self._pending:
+                self._pending.remove(key)
+                return None
+            event = self._events.get(key)
+        if event is None:
+            return None
+        event.wait()
+        return self._loaded.pop(key, None)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def finish(self) -> None:
+        """Start no more loads, wait for the one in progress (a process must not exit while
+        XLA deserializes in a thread) and drop what nobody took."""
+        with self._lock:
+            self._pending.clear()
+        self._thread.join()
+        self._loaded.clear()
 
 
 class _Labelled:
