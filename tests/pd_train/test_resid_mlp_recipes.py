@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import numpy as np
 import pytest
 
@@ -82,7 +83,8 @@ def test_resid_recipes_are_the_papers(name: str) -> None:
     pd = toy.pd
     assert (pd.steps, pd.batch_size) == (paper["steps"], 2048)
     assert [(t.module_pattern, t.C) for t in pd.decomposition_targets] == [("layers.*", paper["C"])]
-    assert pd.ci == MLPCI(hidden_dims=(paper["d_gate"],))
+    # batch_block (rows per block of the CI MLPs) is how pd computes them, not a paper field.
+    assert attrs.evolve(pd.ci, batch_block=None) == MLPCI(hidden_dims=(paper["d_gate"],))
     for opt in (pd.components, pd.ci_fn):
         assert (opt.lr, opt.final_val_frac, opt.warmup_steps, opt.weight_decay) == (
             paper["lr"],

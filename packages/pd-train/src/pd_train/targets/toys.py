@@ -521,12 +521,14 @@ def _recipe(
     im_coeff: float,
     pnorm: float,
     d_gate: int = 16,
+    ci_block: int | None = None,
     faithfulness: float | None = None,
     warmup_steps: int = 200,
     pattern: str = "layers.*",
 ) -> PDConfig:
     """A paper-style recipe: Adam (lr, cosine to ``final_lr_frac``·lr; 1.0: constant) for the
-    components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units), importance
+    components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units, over blocks of
+    ``ci_block`` rows: ``pd.ci.batch_block``), importance
     minimality at p = ``pnorm``, stochastic and layerwise (one site per chunk) recon at 1,
     faithfulness at ``faithfulness`` (None: not a loss term), and the reference's 200-step
     faithfulness warmup at lr 0.01 with weight decay 0.1."""
@@ -541,7 +543,7 @@ def _recipe(
         steps=steps,
         batch_size=batch_size,
         decomposition_targets=(DecompositionTarget(module_pattern=pattern, C=C),),
-        ci=MLPCI(hidden_dims=(d_gate,)),
+        ci=MLPCI(hidden_dims=(d_gate,), batch_block=ci_block),
         loss_metrics=tuple(terms),
         components=opt,
         ci_fn=opt,
@@ -561,10 +563,12 @@ TMS_5_2_SEED = 13
 TMS_RECON = ReconConfig(chunk_loop="unroll")
 
 
-#: The TMS recipes' CI MLPs run over blocks of 128 rows (``pd.ci.batch_block``): one site's
-#: forward and backward at batch 4096 cost ~50 ms CPU against ~260 at C 200 and ~5 against ~10
-#: at C 20, the same values up to rounding (docs/toys.md, benchmarks/ci_mlp.py).
-TMS_CI_BLOCK = 128
+#: The toy recipes' CI MLPs (16 GELU units) run over blocks of 128 rows (``pd.ci.batch_block``):
+#: one site's forward and backward at batch 4096 cost ~50 ms CPU against ~260 at C 200 and ~5
+#: against ~10 at C 20, and at resid_mlp1's 2048 x C 100 ~15 against ~60, the same values up to
+#: rounding (docs/toys.md, benchmarks/ci_mlp.py). resid_mlp3's 128-unit CI MLPs are not
+#: blocked: that shape was not measured.
+TOY_CI_BLOCK = 128
 
 
 def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
@@ -601,7 +605,7 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         pd=attrs.evolve(
             recipe,
             recon=TMS_RECON,
-            ci=MLPCI(hidden_dims=(16,), batch_block=TMS_CI_BLOCK),
+            ci=MLPCI(hidden_dims=(16,), batch_block=TOY_CI_BLOCK),
         ),
         identity=("layers.0.linear1", "layers.0.linear2"),
         dense={"layers.0.hidden_0": h} if hidden else {},
@@ -633,6 +637,7 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
             im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
             pnorm=2.0,
             d_gate=128 if n_layers == 3 else 16,
+            ci_block=None if n_layers == 3 else TOY_CI_BLOCK,
         ),
         identity=("layers.*.mlp_in",),
         dense={"layers.*.mlp_out": d_mlp},
