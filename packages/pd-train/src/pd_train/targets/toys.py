@@ -76,6 +76,7 @@ from pd_train.train import Trainer, TrainState, step_key
 __all__ = [
     "ALIVE_WINDOW",
     "TOYS",
+    "CallTimes",
     "KStepPrograms",
     "Pretraining",
     "ToyConfig",
@@ -86,6 +87,7 @@ __all__ = [
     "flat_weights",
     "ground_truth_metrics",
     "inputs_ci",
+    "keep_freed_memory",
     "load_weights",
     "make_target",
     "one_hot_ci",
@@ -185,6 +187,40 @@ def toy_compiler_options() -> dict[str, str]:
     if YNN_FUSIONS_FLAG in os.environ.get("XLA_FLAGS", "") or jax.default_backend() != "cpu":
         return {}
     return {YNN_FUSIONS_FLAG: ""}
+
+
+#: glibc's mallopt parameters (malloc.h): ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: Blocks up to this size come from malloc's heap (default: above 128 KiB-32 MiB, each its own
+#: mmap), and freed memory up to it stays in the process.
+KEEP_FREED_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve blocks up to :data:`KEEP_FREED_BYTES` from its heap and keep
+    what is freed (``mallopt(M_MMAP_THRESHOLD)``, ``mallopt(M_TRIM_THRESHOLD)``), for the rest
+    of the process. XLA:CPU allocates a program's temporaries on every call and frees them
+    after; by default each large one is a fresh ``mmap``, whose pages fault in again on every
+    call: one ``tms_5_2`` step per call at batch 4096 (~250 MB of temporaries) paid ~9500 page
+    faults, 14 ms of system and ~5 ms of user CPU a call on top of a ~35 ms step
+    (docs/toys.md). The process keeps its peak memory instead of returning it to the OS. Called
+    by ``pd-train run`` of a toy and ``benchmarks/toys.py``; returns whether it applied (False
+    off glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # The mmap threshold first: setting it also stops glibc's own adjustment of both.
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)
+        and mallopt(_M_TRIM_THRESHOLD, 2 * KEEP_FREED_BYTES - 1)
+    )
 
 
 def toy_trainer(target: Any, pd: PDConfig) -> Trainer:
@@ -389,6 +425,31 @@ class _OnEval(Hook):
 
     def __call__(self, info: StepInfo) -> None:
         self.on_eval(info.step, info.state)
+
+
+class CallTimes(Hook):
+    """A run's step rate, its compile left out: at every ``every``-th step and after the last
+    (``every`` a multiple of K), waits for the metrics of the call just made (the program that
+    ran those steps has finished), then notes ``(steps finished, wall s, process CPU s)`` in
+    :attr:`stamps`. Only at its cadence, so one step per call keeps its asynchronous dispatch
+    between stamps."""
+
+    def __init__(self, every: int) -> None:
+        self.cadence = Cadence(every, last=True)
+        self.stamps: list[tuple[int, float, float]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        jax.block_until_ready(info.metrics)
+        self.stamps.append((info.step, time.perf_counter(), time.process_time()))
+
+    def rate(self) -> tuple[int, float, float]:
+        """(steps, steps/s, steps per CPU s) from the first stamp to the last: the steps finished
+        between them (the first stamp's call, which compiles, left out) over their time."""
+        if len(self.stamps) < 2:
+            msg = f"CallTimes.rate needs two stamps, has {len(self.stamps)}: run more steps"
+            raise ValueError(msg)
+        (s0, t0, c0), (s1, t1, c1) = self.stamps[0], self.stamps[-1]
+        return s1 - s0, (s1 - s0) / (t1 - t0), (s1 - s0) / max(c1 - c0, 1e-9)
 
 
 class _FirstStep(Hook):
