@@ -226,3 +226,25 @@ def test_keep_freed_memory_stops_the_page_faults_of_temporaries_allocated_every_
     # By default each 64 MB block is a fresh mmap: its 16 384 pages fault in again every call.
     assert faults["default"] >= 5 * 16_384 // 2, faults
     assert faults["keep"] < 500, faults  # the heap's pages are reused
+
+
+class _Behind(Hook):
+    """After every call: whether each earlier call's program had finished by then."""
+
+    def __init__(self) -> None:
+        self.metrics: list[object] = []
+        self.ready: list[list[bool]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        self.ready.append([bool(m.is_ready()) for m in jax.tree_util.tree_leaves(self.metrics)])
+        self.metrics.append(info.metrics)
+
+
+def test_the_loop_stays_within_one_call_of_the_device(trainer: Trainer) -> None:
+    # Without the bound the host queued every call up to the next loss record before waiting,
+    # so a stop signal was seen that many steps of compute late; now, after each call, every
+    # call before it has finished.
+    behind = _Behind()
+    _run(trainer, 5, log_every=40, hooks=(behind,))
+    assert len(behind.ready) == 8
+    assert all(all(ready) for ready in behind.ready), behind.ready
