@@ -11,9 +11,11 @@ reference's metrics (:mod:`pd_train.analysis.ground_truth`).
 :func:`decompose` trains a decomposition with sparse-feature batches drawn on device from the
 run key, through the same :class:`~pd_train.train.Trainer` step as a Llama target, ``K =
 steps_per_call`` steps per dispatched program (a ``lax.scan`` over K steps, each drawing its
-batch from the step number): a toy step is microseconds of work, and one dispatch per step cost
-more than the step. Logging, eval and checkpoints keep their cadence (each a multiple of K);
-a run resumed from a checkpoint at the same K is bit-exact.
+batch from the step number; at most two calls in flight). On XLA:CPU a call costs little beyond
+its steps once malloc keeps the programs' temporaries (:func:`keep_freed_memory`); where a
+dispatch costs more than a toy step (an accelerator) the K-step programs remove it. Logging,
+eval and checkpoints keep their cadence (each a multiple of K); a run resumed from a
+checkpoint at the same K is bit-exact.
 
 :func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot
 feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``). pd's earlier,
