@@ -2,7 +2,7 @@
 metrics, beside the paper's values; then the K-step programs against one step per call.
 
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
-        [--rate-steps 2000] [--ynn-fusions TYPES]
+        [--rate-toys tms_5_2 ...] [--rate-steps 2000] [--ynn-fusions TYPES] [--malloc-default]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -15,8 +15,12 @@ and settings. "Reproduced": IdentityCIError 0 and DenseCIError 0 (the reference'
 
 where a toy counts as reproduced by its paper recipe or, failing that, its ``*_fast`` one, and
 S counts the toys reproduced at the paper's own settings. The step rate is measured after the
-first call (no compile): steps between the first and the last logged step over their wall
-time, at K = 1 and at the toy's K, for each toy in ``--toys``. The machine is shared: the
+first call (no compile): the steps finished between the first and the last stamp of
+``CallTimes`` (each taken when a call's program has finished) over their wall time and this
+process's CPU time, at K = 1 and at the toy's K, for each toy in ``--rate-toys``. Both arms run
+with ``keep_freed_memory()`` as ``pd-train run`` of a toy does (glibc keeps the programs'
+freed temporaries instead of unmapping them: without it one step per call at batch 4096 pays
+~14 ms of page faults a call); ``--malloc-default`` leaves glibc's thresholds as they are. The machine is shared: the
 wall times depend on what else runs; CPU s is this process's.
 
 The toy programs compile without XLA:CPU's YNNPACK fusions (``toy_compiler_options``: as YNN
@@ -80,24 +84,26 @@ def run_table(name: str, seeds: list[int]) -> bool:
 
 def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
     """(steps/s, samples/s, steps per CPU s of this process) of ``steps`` steps at K = ``k``,
-    the first call (compile) excluded."""
+    the first call (compile) excluded: :class:`~pd_train.targets.toys.CallTimes` stamps the
+    steps finished when a call's program has finished, every ``log_every`` steps and at the
+    end, and the rate counts the steps between the first stamp and the last over their time.
+    (Before 2026-12-02 the rate was taken from the loss records' step indices, which name the
+    first step of a call but were stamped when that call ended: at K = 100 over 300 steps that
+    counted 199 steps over the time of one call, twice the true rate.)"""
     import attrs
 
-    from pd_train.targets.toys import make_target, run_toy, toy_config
-    from pd_train.train import Trainer
+    from pd_train.targets.toys import CallTimes, make_target, run_toy, toy_config, toy_trainer
 
     toy = toy_config(name)
     pd = attrs.evolve(toy.pd, steps=steps)
-    stamps: list[tuple[int, float, float]] = []
     log_every = max(k, (steps // 10) // k * k)
+    times = CallTimes(log_every)
     run_toy(
-        name, pd=pd, steps_per_call=k, log_every=log_every,
-        on_step=lambda i, _: stamps.append((i, time.perf_counter(), time.process_time())),
-        trainer=Trainer(make_target(toy), pd),
+        name, pd=pd, steps_per_call=k, log_every=log_every, hooks=(times,),
+        trainer=toy_trainer(make_target(toy), pd),
     )  # fmt: skip
-    (i0, t0, c0), (i1, t1, c1) = stamps[1], stamps[-1]
-    rate = (i1 - i0) / (t1 - t0)
-    return rate, rate * pd.batch_size, (i1 - i0) / (c1 - c0)
+    _, rate, per_cpu = times.rate()
+    return rate, rate * pd.batch_size, per_cpu
 
 
 def _toy_names() -> list[str]:
@@ -116,15 +122,24 @@ def main() -> None:
         "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=names
     )
     parser.add_argument("--ynn-fusions", default=None, metavar="TYPES")
+    parser.add_argument(
+        "--malloc-default", action="store_true",
+        help="leave glibc's malloc thresholds as they are (no keep_freed_memory)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.ynn_fusions is not None:
         flag = f"{YNN_FLAG}={args.ynn_fusions}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-    from pd_train.targets.toys import TOYS, toy_config
+    from pd_train.targets.toys import TOYS, keep_freed_memory, toy_config
+
+    if not args.malloc_default:
+        keep_freed_memory()  # as pd-train run of a toy does
 
     assert set(names) == set(TOYS), sorted(set(names) ^ set(TOYS))
     ynn = "off (the toy programs' default)" if args.ynn_fusions is None else args.ynn_fusions
     print(f"XLA:CPU YNN fusions {ynn}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    malloc = "glibc default" if args.malloc_default else "keep_freed_memory()"
+    print(f"malloc: {malloc}; load average {os.getloadavg()[0]:.1f}")
     ok = {name: run_table(name, args.seeds) for name in args.toys}
     print(
         "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "

@@ -1,10 +1,14 @@
 """The toy runner's K-step programs (a lax.scan over K steps, data drawn on device): the state
 after N steps matches one step per call within float rounding, a resume from a real orbax
-checkpoint at the same K is bit-exact, and a K that breaks a cadence is refused by field path."""
+checkpoint at the same K is bit-exact, a K that breaks a cadence is refused by field path, a run
+of N steps makes N / K program calls (and the step rate counts the steps of the calls it times),
+and keep_freed_memory stops the page faults of temporaries allocated on every call."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -16,8 +20,10 @@ from pd_train.cli.toy import load_toy_config
 from pd_train.config.io import ConfigError
 from pd_train.config.pd import FaithfulnessWarmup, ReconConfig
 from pd_train.run.checkpoints import Checkpoints
+from pd_train.run.hooks import Hook, StepInfo
 from pd_train.targets.toys import (
     YNN_FUSIONS_FLAG,
+    CallTimes,
     KStepPrograms,
     decompose,
     make_target,
@@ -152,3 +158,93 @@ def test_the_tms_recipes_unrolled_chunk_loop_matches_the_scan() -> None:
         states.append(jax.tree_util.tree_leaves(jax.device_get(state.params)))
     for a, b in zip(*states, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+
+
+class _Calls(Hook):
+    """Notes (steps finished, steps run) after every call of the step program."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        self.calls.append((info.step, info.ran))
+
+
+def test_a_run_of_n_steps_at_k_makes_n_over_k_calls_and_evals_at_its_cadence(
+    trainer: Trainer,
+) -> None:
+    calls, times, evals = _Calls(), CallTimes(10), []
+    _, seen = _run(
+        trainer, 10, log_every=10, eval_every=20, hooks=(calls, times),
+        on_eval=lambda n, state: evals.append(n),
+    )  # fmt: skip
+    assert calls.calls == [(10, 10), (20, 10), (30, 10), (40, 10)]  # 40 / K program calls
+    assert evals == [20, 40]
+    assert seen == [0, 10, 20, 30, 39]
+    # The rate's stamps name the steps finished when each call's program has finished; the
+    # window leaves out the first (compiling) call: 30 steps, not the 29 between the loss
+    # records' indices 10 and 39 (which the benchmark once divided by one call's time).
+    assert [s for s, _, _ in times.stamps] == [10, 20, 30, 40]
+    steps, rate, per_cpu = times.rate()
+    (_, t0, c0), (_, t1, c1) = times.stamps[0], times.stamps[-1]
+    assert steps == 30
+    assert rate == pytest.approx(30 / (t1 - t0))
+    assert per_cpu == pytest.approx(30 / (c1 - c0))
+
+
+_REALLOCATE = """
+import ctypes, ctypes.util, resource, sys
+from pd_train.targets.toys import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+n = 64 << 20  # a program's temporaries: allocated, written, freed on every call
+
+def call():
+    p = libc.malloc(n)
+    ctypes.memset(p, 1, n)
+    libc.free(p)
+
+call()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    call()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_keep_freed_memory_stops_the_page_faults_of_temporaries_allocated_every_call() -> None:
+    faults = {}
+    for arm in ("default", "keep"):
+        out = subprocess.run(
+            [sys.executable, "-c", _REALLOCATE, arm], capture_output=True, text=True, check=True
+        )
+        faults[arm] = int(out.stdout.split()[-1])
+    # By default each 64 MB block is a fresh mmap: its 16 384 pages fault in again every call.
+    assert faults["default"] >= 5 * 16_384 // 2, faults
+    assert faults["keep"] < 500, faults  # the heap's pages are reused
+
+
+class _Behind(Hook):
+    """After every call: whether each earlier call's program had finished by then."""
+
+    def __init__(self) -> None:
+        self.metrics: list[object] = []
+        self.ready: list[list[bool]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        self.ready.append([bool(m.is_ready()) for m in jax.tree_util.tree_leaves(self.metrics)])
+        self.metrics.append(info.metrics)
+
+
+def test_the_loop_stays_within_one_call_of_the_device(trainer: Trainer) -> None:
+    # Without the bound the host queued every call up to the next loss record before waiting,
+    # so a stop signal was seen that many steps of compute late; now, after each call, every
+    # call before it has finished.
+    behind = _Behind()
+    _run(trainer, 5, log_every=40, hooks=(behind,))
+    assert len(behind.ready) == 8
+    assert all(all(ready) for ready in behind.ready), behind.ready

@@ -340,8 +340,9 @@ def _run_toy(
     from pd_train.run.distributed import Placement
     from pd_train.run.hooks import StopHook
     from pd_train.run.signals import StopSignals
-    from pd_train.targets.toys import run_toy
+    from pd_train.targets.toys import keep_freed_memory, run_toy
 
+    keep_freed_memory()  # no page faults of the programs' temporaries on every call
     name = raw["toy"]
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     checkpoints = Checkpoints(run_dir / "checkpoints")

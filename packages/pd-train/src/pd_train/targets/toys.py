@@ -11,9 +11,11 @@ reference's metrics (:mod:`pd_train.analysis.ground_truth`).
 :func:`decompose` trains a decomposition with sparse-feature batches drawn on device from the
 run key, through the same :class:`~pd_train.train.Trainer` step as a Llama target, ``K =
 steps_per_call`` steps per dispatched program (a ``lax.scan`` over K steps, each drawing its
-batch from the step number): a toy step is microseconds of work, and one dispatch per step cost
-more than the step. Logging, eval and checkpoints keep their cadence (each a multiple of K);
-a run resumed from a checkpoint at the same K is bit-exact.
+batch from the step number; at most two calls in flight). On XLA:CPU a call costs little beyond
+its steps once malloc keeps the programs' temporaries (:func:`keep_freed_memory`); where a
+dispatch costs more than a toy step (an accelerator) the K-step programs remove it. Logging,
+eval and checkpoints keep their cadence (each a multiple of K); a run resumed from a
+checkpoint at the same K is bit-exact.
 
 :func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot
 feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``). pd's earlier,
@@ -76,6 +78,7 @@ from pd_train.train import Trainer, TrainState, step_key
 __all__ = [
     "ALIVE_WINDOW",
     "TOYS",
+    "CallTimes",
     "KStepPrograms",
     "Pretraining",
     "ToyConfig",
@@ -86,6 +89,7 @@ __all__ = [
     "flat_weights",
     "ground_truth_metrics",
     "inputs_ci",
+    "keep_freed_memory",
     "load_weights",
     "make_target",
     "one_hot_ci",
@@ -185,6 +189,40 @@ def toy_compiler_options() -> dict[str, str]:
     if YNN_FUSIONS_FLAG in os.environ.get("XLA_FLAGS", "") or jax.default_backend() != "cpu":
         return {}
     return {YNN_FUSIONS_FLAG: ""}
+
+
+#: glibc's mallopt parameters (malloc.h): ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: Blocks up to this size come from malloc's heap (default: above 128 KiB-32 MiB, each its own
+#: mmap), and freed memory up to it stays in the process.
+KEEP_FREED_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve blocks up to :data:`KEEP_FREED_BYTES` from its heap and keep
+    what is freed (``mallopt(M_MMAP_THRESHOLD)``, ``mallopt(M_TRIM_THRESHOLD)``), for the rest
+    of the process. XLA:CPU allocates a program's temporaries on every call and frees them
+    after; by default each large one is a fresh ``mmap``, whose pages fault in again on every
+    call: one ``tms_5_2`` step per call at batch 4096 (~250 MB of temporaries) paid ~9500 page
+    faults, 14 ms of system and ~5 ms of user CPU a call on top of a ~35 ms step
+    (docs/toys.md). The process keeps its peak memory instead of returning it to the OS. Called
+    by ``pd-train run`` of a toy and ``benchmarks/toys.py``; returns whether it applied (False
+    off glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # The mmap threshold first: setting it also stops glibc's own adjustment of both.
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)
+        and mallopt(_M_TRIM_THRESHOLD, 2 * KEEP_FREED_BYTES - 1)
+    )
 
 
 def toy_trainer(target: Any, pd: PDConfig) -> Trainer:
@@ -344,7 +382,7 @@ def decompose(
         del step  # the programs read it from the state
         return programs.program(n)(state, target_params)  # type: ignore[no-any-return]
 
-    loop_hooks: list[Hook] = []
+    loop_hooks: list[Hook] = [_InFlight()]
     if on_step is not None:
         loop_hooks.append(_OnStep(on_step, log_every=log_every, n_steps=n_steps))
     if on_eval is not None and eval_every:
@@ -356,6 +394,24 @@ def decompose(
         step_fn, loop_hooks, state=state, start=int(state.step), end=n_steps, steps_per_call=k
     )
     return trainer, info.state
+
+
+class _InFlight(Hook):
+    """At most two calls in flight: after each call, waits until the call before it has finished
+    (its metrics are ready). The device still never waits for the host (the next call is
+    queued while one runs), but the loop and its hooks stay within a call of the device:
+    without it the host queued every call up to the next loss record (log_every / K calls,
+    2000 steps of the paper's TMS recipe) before its first wait, so a SIGTERM was acted on only
+    that many steps of compute later (minutes on a loaded CPU), and the progress line's rate
+    was the host's."""
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+
+    def __call__(self, info: StepInfo) -> None:
+        if self.previous is not None:
+            jax.block_until_ready(self.previous)
+        self.previous = info.metrics
 
 
 class _OnStep(Hook):
@@ -389,6 +445,31 @@ class _OnEval(Hook):
 
     def __call__(self, info: StepInfo) -> None:
         self.on_eval(info.step, info.state)
+
+
+class CallTimes(Hook):
+    """A run's step rate, its compile left out: at every ``every``-th step and after the last
+    (``every`` a multiple of K), waits for the metrics of the call just made (the program that
+    ran those steps has finished), then notes ``(steps finished, wall s, process CPU s)`` in
+    :attr:`stamps`. Only at its cadence, so one step per call keeps its asynchronous dispatch
+    between stamps."""
+
+    def __init__(self, every: int) -> None:
+        self.cadence = Cadence(every, last=True)
+        self.stamps: list[tuple[int, float, float]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        jax.block_until_ready(info.metrics)
+        self.stamps.append((info.step, time.perf_counter(), time.process_time()))
+
+    def rate(self) -> tuple[int, float, float]:
+        """(steps, steps/s, steps per CPU s) from the first stamp to the last: the steps finished
+        between them (the first stamp's call, which compiles, left out) over their time."""
+        if len(self.stamps) < 2:
+            msg = f"CallTimes.rate needs two stamps, has {len(self.stamps)}: run more steps"
+            raise ValueError(msg)
+        (s0, t0, c0), (s1, t1, c1) = self.stamps[0], self.stamps[-1]
+        return s1 - s0, (s1 - s0) / (t1 - t0), (s1 - s0) / max(c1 - c0, 1e-9)
 
 
 class _FirstStep(Hook):
