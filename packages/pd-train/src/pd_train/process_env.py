@@ -11,7 +11,6 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -220,60 +219,7 @@ def _versions() -> tuple[str, ...]:
     return tuple(versions)
 
 
-_without_locations = threading.local()
-
-
-@functools.cache
-def _tag_persistent_keys() -> bool:
-    """Extend JAX's persistent-cache key (its ``cache_key.custom_hook``, meant for additions)
-    with "without locations" for the compiles :meth:`ExecutableCache.obtain` makes of a :func:`without_locations` copy: JAX's
-    key ignores a module's locations, so without the tag a program compiled without them
-    would serve a run that keeps them (a profiler trace) from JAX's cache, and the reverse.
-    False where this JAX has no such hook (the programs then keep their locations)."""
-    try:
-        from jax._src import cache_key
-    except ImportError:
-        return False
-    previous = getattr(cache_key, "custom_hook", None)
-    if previous is None:
-        return False
-
-    def custom_hook() -> str:
-        tag = " pd: without locations" if getattr(_without_locations, "on", False) else ""
-        return f"{previous()}{tag}"
-
-    cache_key.custom_hook = custom_hook
-    return True
-
-
-def without_locations(lowered: Any) -> Any:
-    """A copy of ``lowered`` (a ``jax.stages.Lowered``) whose module has no source locations
-    (op names, file and line of each op): its executable's HLO carries no op metadata. For
-    the default config's train step that metadata was 2.1 of its entry's 7.5 MB and ~0.15 of
-    its ~1.1 CPU s load (docs/compile-cache.md); what the program computes is unchanged. A
-    profile of such a program names its fusions, not the JAX ops inside them. ``lowered``
-    itself (and JAX's caches of its lowering) stay as they were."""
-    import copy
-
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir, passmanager
-
-    if "lowered" in vars(lowered):  # a wrapper passing attributes through (pd's train step)
-        wrapper = object.__new__(type(lowered))
-        vars(wrapper).update(vars(lowered), lowered=without_locations(lowered.lowered))
-        return wrapper
-    module = lowered._lowering._hlo
-    with module.context:
-        stripped = ir.Module.parse(mlir.module_to_bytecode(module))
-        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(stripped.operation)
-    lowering = copy.copy(lowered._lowering)
-    lowering._hlo, lowering._executable = stripped, None
-    result = copy.copy(lowered)
-    result._lowering = lowering
-    return result
-
-
-def lowered_program_key(lowered: Any, *, locations: bool = True) -> str | None:
+def lowered_program_key(lowered: Any) -> str | None:
     """A hex key for the program ``lowered`` (a ``jax.stages.Lowered``, or an object that
     passes its attributes through) is, whatever source traced it: its StableHLO text (without
     locations), its argument and result trees, what its compile adds (compiler options, device
@@ -301,7 +247,6 @@ def lowered_program_key(lowered: Any, *, locations: bool = True) -> str | None:
             repr(lowering._donated_invars),
             repr(lowering._platforms),
             _environment(),
-            *([] if locations else ["without locations"]),
         ]
     except Exception as exc:  # another JAX's internals: no second key
         log.debug("executable cache: no lowered key (%s: %s)", type(exc).__name__, exc)
@@ -447,9 +392,7 @@ class ExecutableCache:
         compiled, outcome = self.obtain(key, lowered, unchanged=unchanged)
         return compiled, outcome != "miss, not stored"
 
-    def obtain(
-        self, key: str, lowered: Any, *, unchanged: Any = None, locations: bool = True
-    ) -> tuple[Any, str]:
+    def obtain(self, key: str, lowered: Any, *, unchanged: Any = None) -> tuple[Any, str]:
         """``(program, outcome)`` for a ``key`` that missed, its program ``lowered``.
 
         Each stored program is also reachable by its :func:`lowered_program_key` (a hard link:
@@ -460,25 +403,13 @@ class ExecutableCache:
         executable that was deserialized does not serialize again completely: its reload fails
         at the first call with ``NOT_FOUND: Function <fusion> not found``), it does not
         serialize, or ``unchanged()`` (optional, asked after the compile) is False: the traced
-        source changed meanwhile. ``locations=False``: compiled without source locations
-        (:func:`without_locations`), under a lowered key and a JAX persistent-cache key of its
-        own (:func:`_tag_persistent_keys`)."""
-        second = lowered_program_key(lowered, locations=locations)
+        source changed meanwhile."""
+        second = lowered_program_key(lowered)
         if second is not None and (found := self.load(second)) is not None:
             if unchanged is None or unchanged():
                 self.link(second, key)
             return found, "hit (lowered)"
-        stripped = False
-        if not locations and _tag_persistent_keys():
-            try:
-                lowered, stripped = without_locations(lowered), True
-            except Exception as exc:  # another JAX's internals: compiled as it is
-                log.debug("executable cache: locations kept (%s: %s)", type(exc).__name__, exc)
-        _without_locations.on = stripped
-        try:
-            compiled, hits = compile_counting_persistent_hits(lowered)
-        finally:
-            _without_locations.on = False
+        compiled, hits = compile_counting_persistent_hits(lowered)
         stored = hits == 0 and (unchanged is None or unchanged()) and self.store(key, compiled)
         if stored and second is not None:
             self.link(key, second)

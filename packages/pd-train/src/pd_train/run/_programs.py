@@ -92,22 +92,11 @@ class StepProgram:
         self.init_prefetched: list[str] = []
         self._prefetch_started = threading.Event()
 
-    @property
-    def locations(self) -> bool:
-        """Whether the programs keep their source locations (op names): only in a run that
-        records a profiler trace (``runtime.launch_env.profile.trace_start_step``); else they
-        are compiled without them (:func:`pd_train.process_env.without_locations`: a smaller
-        entry that loads faster), under keys of their own."""
-        profile = getattr(getattr(self.trainer.runtime, "launch_env", None), "profile", None)
-        return getattr(profile, "trace_start_step", None) is not None
-
     def _program_key(self, name: str) -> str:
         """:func:`trainer_program_key` of ``name``, the trainer's static inputs read once."""
         with self._lock:
             if self._inputs is None:
                 self._inputs = program_inputs(self.trainer, self.target_dtype)
-                if not self.locations:
-                    self._inputs.append("without locations")
             inputs = self._inputs
         return trainer_program_key(
             name, self.trainer, self.target_dtype, self._source, inputs=inputs
@@ -212,10 +201,7 @@ class StepProgram:
             self.compiled = lowered.compile()
         else:
             compiled, self.outcome = self.cache.obtain(
-                key,
-                lowered,
-                unchanged=lambda: source_digest() == self._source,
-                locations=self.locations,
+                key, lowered, unchanged=lambda: source_digest() == self._source
             )
             self.compiled = self.trainer.bind_step_program(compiled)
             if self.outcome == "hit (lowered)" and self.announce:
@@ -264,7 +250,6 @@ class StepProgram:
                         key,
                         jit.lower(*args, **kwargs),
                         unchanged=lambda: source_digest() == self._source,
-                        locations=self.locations,
                     )
             self.init_outcomes[name] = outcome
             return _Labelled(name, ProgramOrJit(name, compiled, jit))
