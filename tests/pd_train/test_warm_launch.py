@@ -139,13 +139,14 @@ def test_a_listed_program_the_launch_does_not_ask_for_is_not_used(tmp_path: Path
     """The list beside a step's entry is a hint: a program listed under another key (a stale
     list) is loaded but never handed to a jit whose key differs, and a damaged list is
     ignored."""
+    import jax
+    import jax.numpy as jnp
+
     from pd_train.process_env import ExecutableCache
     from pd_train.run._programs import _Prefetch
 
-    from .test_time_to_first_step import _compiled
-
     cache = ExecutableCache(tmp_path)
-    cache.store("a", _compiled())
+    cache.store("a", jax.jit(jnp.tanh).lower(jnp.ones((2, 4))).compile())
     cache.set_companions("step", [("init_params", "a"), ("opt_init", "gone")])
     assert cache.companions("step") == [("init_params", "a"), ("opt_init", "gone")]
     prefetch = _Prefetch(cache, [key for _, key in cache.companions("step")])
