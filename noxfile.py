@@ -117,10 +117,12 @@ def pd_train(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
-    session.install("ruff==0.17.6")
+    """ruff: lint and formatting; tests/test_layering.py: the packages' import layering (read
+    from the sources with ast: nothing installed)."""
+    session.install("ruff==0.17.6", "pytest")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("pytest", "tests/test_layering.py", "-q", env=TEST_ENV)
 
 
 @nox.session
