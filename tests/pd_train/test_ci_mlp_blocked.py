@@ -19,8 +19,10 @@ from pd_train.cli.toy import load_toy_config
 from pd_train.config.io import ConfigError
 from pd_train.config.pd import MLPCI, FaithfulnessWarmup
 from pd_train.decomposition import KindLayout
-from pd_train.targets.toys import decompose, make_target, toy_config, toy_data, toy_weights
+from pd_train.targets.toys import make_target, toy_config
 from pd_train.train import Trainer
+
+from ._toy_params import final_params
 
 #: Rounding tolerance (fp32): the blocked forward sums the 16 hidden units in another order and
 #: takes Φ as (1 + erf(h/√2))/2 (torch's formula) instead of jax's erfc(-h/√2)/2; a gradient is
@@ -132,12 +134,7 @@ def test_a_toy_run_blocked_matches_the_whole_batch_program() -> None:
     states = []
     for block in (64, None):
         run_pd = attrs.evolve(pd, ci=attrs.evolve(pd.ci, batch_block=block))
-        _, state = decompose(
-            target, toy_weights("tms_5_2"), run_pd, seed=2,
-            feature_probability=toy.feature_probability, data=toy_data(toy), steps_per_call=10,
-            log_every=10,
-        )  # fmt: skip
-        states.append(jax.tree_util.tree_leaves(jax.device_get(state.params)))
+        states.append(final_params(toy, target, run_pd, seed=2))
     for a, b in zip(*states, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5)
     # A real trajectory: the params moved far more than that tolerance from their init.

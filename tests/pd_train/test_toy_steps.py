@@ -35,6 +35,8 @@ from pd_train.targets.toys import (
 )
 from pd_train.train import Trainer
 
+from ._toy_params import final_params
+
 TOY = toy_config("tms_5_2_fast")
 PD = attrs.evolve(
     TOY.pd, steps=40, batch_size=64, faithfulness_warmup=FaithfulnessWarmup(steps=3, lr=1e-2)
@@ -149,13 +151,7 @@ def test_the_tms_recipes_unrolled_chunk_loop_matches_the_scan() -> None:
     pd = attrs.evolve(toy.pd, steps=20, batch_size=64, faithfulness_warmup=FaithfulnessWarmup())
     states = []
     for recon in (pd.recon, ReconConfig(chunk_loop="scan")):
-        run_pd = attrs.evolve(pd, recon=recon)
-        _, state = decompose(
-            TARGET, toy_weights("tms_5_2"), run_pd, seed=1,
-            feature_probability=toy.feature_probability, data=toy_data(toy), steps_per_call=10,
-            log_every=10,
-        )  # fmt: skip
-        states.append(jax.tree_util.tree_leaves(jax.device_get(state.params)))
+        states.append(final_params(toy, TARGET, attrs.evolve(pd, recon=recon), seed=1))
     for a, b in zip(*states, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
 
