@@ -49,6 +49,8 @@ class ForwardSpec:
     decomposition: Decomposition
     compute_dtype: Any = jnp.float32
     sampling: str = "continuous"
+    #: How the sources' uniforms are computed (``pd.recon.random_draws``; the same bits).
+    random_draws: str = "jax"
     layer_unroll: bool = False
     remat_layers: bool = False
     #: With ``remat_layers``: a rematerialized layer whose liveness is static keeps its drawn
@@ -591,7 +593,8 @@ def component_output(
     if source is not None:
         source = source[..., :n_channels]
     else:
-        source = sample_source(spec.sampling, (*inner.shape[:-1], n_channels), key=key)
+        shape = (*inner.shape[:-1], n_channels)
+        source = sample_source(spec.sampling, shape, key=key, draws=spec.random_draws)
         # Kept for the backward of a rematerialized layer (not drawn a second time there).
         source = checkpoint_name(source, SOURCE_NAME)
     if source_scale is not None:

@@ -204,6 +204,11 @@ FIELDS: tuple[FieldClass, ...] = tuple(
             "pd.recon.layer_loop",
             "pd.recon.pair_terms",
         ),
+        *_group(
+            "structural",
+            "how the masks' uniform draws are computed (the same bits either way)",
+            "pd.recon.random_draws",
+        ),
         # ---- structural: runtime
         *_group("structural", "the activations' dtype", "runtime.compute_dtype"),
         *_group(

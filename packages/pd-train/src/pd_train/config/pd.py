@@ -592,6 +592,11 @@ class ReconConfig:
     masked forward of 2B rows (half the ops for the same FLOPs; 0.95x the default step's CPU
     seconds, docs/findings.md section 10). It holds twice one forward's activations, so it is
     used only without ``runtime.remat.recon``; false runs one forward each.
+    ``random_draws``: how the masks' sources and the recon routing's uniforms are computed, the
+    same bits either way (:mod:`pd_train.sources`): ``jax`` (``jax.random.uniform``), or
+    ``blocked`` (the same Threefry-2x32 written out, in a scan over blocks so XLA:CPU computes
+    each draw once; ~2.6x cheaper a draw on CPU; for single-device programs: a scan over the
+    flat index is not batch-partitionable).
     """
 
     chunk_loop: Literal["scan", "unroll"] = attrs.field(
@@ -601,6 +606,9 @@ class ReconConfig:
         default="scan", validator=one_of("scan", "unroll")
     )
     pair_terms: bool = True
+    random_draws: Literal["jax", "blocked"] = attrs.field(
+        default="jax", validator=one_of("jax", "blocked")
+    )
 
 
 @attrs.frozen(kw_only=True)

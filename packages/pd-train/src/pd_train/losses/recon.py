@@ -31,7 +31,7 @@ from pd_train.decomposition import Decomposition
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs
 from pd_train.losses.chunk_vjp import late_vjp, windowed_chunk_sum
 from pd_train.losses.plan import ReconPlan, all_sites_plan, all_sites_subset_plan, chunkwise_plan
-from pd_train.sources import sample_source
+from pd_train.sources import sample_source, uniform
 
 __all__ = [
     "ReconPlan",
@@ -100,16 +100,23 @@ def layer_windows(decomposition: Decomposition, plan: ReconPlan) -> int | None:
 
 
 def routing_masks(
-    site_mask: jax.Array, n_live: jax.Array, batch_shape: tuple[int, ...], *, key: jax.Array
+    site_mask: jax.Array,
+    n_live: jax.Array,
+    batch_shape: tuple[int, ...],
+    *,
+    key: jax.Array,
+    draws: str = "jax",
 ) -> jax.Array:
     """[*batch_shape, S] bool: at each position independently, k ~ U{1..n_live}, then a uniformly
     random k-subset of the live sites (``site_mask`` [S] bool, ``n_live`` its count).
 
     The subset is the k live sites with the smallest of S uniform draws; dead sites draw 2.0,
-    so they sort last and are never among the first k ≤ n_live.
+    so they sort last and are never among the first k ≤ n_live. ``draws``: how the uniforms
+    are computed (:func:`pd_train.sources.uniform`, the same bits).
     """
     k = jax.random.randint(jax.random.fold_in(key, 0), batch_shape, 1, n_live + 1)
-    u = jax.random.uniform(jax.random.fold_in(key, 1), (*batch_shape, site_mask.shape[0]))
+    shape = (*batch_shape, site_mask.shape[0])
+    u = uniform(jax.random.fold_in(key, 1), shape, draws=draws)
     u = jnp.where(site_mask, u, 2.0)
     return site_ranks(u) < k[..., None]
 
@@ -250,7 +257,14 @@ def _chunk_kl_fn(
         draw_key = jax.random.fold_in(jax.random.fold_in(key, chunk), draw)
         live = xp.asarray(has_site) & site_mask[grid_idx]  # [L, K]
         routed = _chunk_routing(
-            plan, site_mask, live_count, batch_shape, grid, draw_key, route_probability
+            plan,
+            site_mask,
+            live_count,
+            batch_shape,
+            grid,
+            draw_key,
+            route_probability,
+            spec.random_draws,
         )
         source_key = jax.random.fold_in(draw_key, 0)
 
@@ -293,34 +307,46 @@ def _chunk_routing(
     grid: np.ndarray,
     draw_key: Any,
     route_probability: Any,
+    draws: str = "jax",
 ) -> jax.Array | None:
-    """The per-position routing of one (chunk, draw) [L, K, B, T] bool, or None (``all``)."""
+    """The per-position routing of one (chunk, draw) [L, K, B, T] bool, or None (``all``);
+    ``draws``: how its uniforms are computed (the same bits)."""
     if plan.routing == "subset":
-        return _subset_routing(site_mask, live_count, batch_shape, grid, draw_key)
+        return _subset_routing(site_mask, live_count, batch_shape, grid, draw_key, draws)
     if plan.routing == "static_probability":
-        return _static_routing(site_mask, route_probability, batch_shape, grid, draw_key)
+        return _static_routing(site_mask, route_probability, batch_shape, grid, draw_key, draws)
     return None
 
 
 def _subset_routing(
-    site_mask: Any, live_count: Any, batch_shape: tuple[int, ...], grid: np.ndarray, key: Any
+    site_mask: Any,
+    live_count: Any,
+    batch_shape: tuple[int, ...],
+    grid: np.ndarray,
+    key: Any,
+    draws: str = "jax",
 ) -> jax.Array:
     """Per-position uniform-k routing of a chunk's live sites (:func:`routing_masks`, key
     folded with 1), laid out on the site grid: [L, K, B, T] bool."""
     has_site = grid >= 0
     per_site = routing_masks(
-        jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(key, 1)
+        jnp.asarray(site_mask), live_count, batch_shape, key=jax.random.fold_in(key, 1), draws=draws
     )  # [B, T, S]
     return jnp.moveaxis(per_site[..., np.maximum(grid, 0)] & has_site, (-2, -1), (0, 1))
 
 
 def _static_routing(
-    site_mask: Any, p: Any, batch_shape: tuple[int, ...], grid: np.ndarray, key: Any
+    site_mask: Any,
+    p: Any,
+    batch_shape: tuple[int, ...],
+    grid: np.ndarray,
+    key: Any,
+    draws: str = "jax",
 ) -> jax.Array:
     """Each live site at each position routed with probability p (u < p, u ~ U[0, 1) per site
     and position from ``key`` folded with 1), on the site grid: [L, K, B, T] bool."""
     has_site = grid >= 0
-    u = jax.random.uniform(jax.random.fold_in(key, 1), (*batch_shape, len(site_mask)))
+    u = uniform(jax.random.fold_in(key, 1), (*batch_shape, len(site_mask)), draws=draws)
     per_site = (u < p) & jnp.asarray(site_mask)  # [B, T, S]
     return jnp.moveaxis(per_site[..., np.maximum(grid, 0)] & has_site, (-2, -1), (0, 1))
 
@@ -454,7 +480,9 @@ def paired_all_sites_loss(
         shape = (*batch_shape, layout.C + 1)
         ids = jnp.asarray([site_id(layer, kind, kinds) for layer in layout.layers], jnp.uint32)
         keys = jax.vmap(lambda i: jax.random.fold_in(source_key, i))(ids)
-        drawn = jax.vmap(lambda k, s=shape: sample_source(spec.sampling, s, key=k))(keys)
+        drawn = jax.vmap(
+            lambda k, s=shape: sample_source(spec.sampling, s, key=k, draws=spec.random_draws)
+        )(keys)
         given = jnp.broadcast_to(sources[kind], drawn.shape).astype(drawn.dtype)
         paired_sources[kind] = interleave(drawn, given, 1)
     live = site_grid(spec.decomposition) >= 0

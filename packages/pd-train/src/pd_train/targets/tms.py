@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pd_train.sources import uniform
 from pd_train.targets.base import Linear
 
 __all__ = ["TMSConfig", "TMSTarget", "pretrain", "reference_init", "sparse_features"]
@@ -142,17 +143,20 @@ def sparse_features(
     n_features: int,
     feature_probability: float,
     mode: DataMode = "at_least_zero_active",
+    draws: str = "jax",
 ) -> jax.Array:
     """[batch_size, 1, n_features] float32 sparse features.
 
     ``at_least_zero_active``: each feature independently active with ``feature_probability``,
     value U[0, 1). ``exactly_one_active``: one uniformly chosen feature active per sample, value
-    U[0, 1) (``feature_probability`` unused).
+    U[0, 1) (``feature_probability`` unused). ``draws``: how the uniforms are computed
+    (:func:`pd_train.sources.uniform`, the same bits).
     """
     k_on, k_val = jax.random.split(key)
-    values = jax.random.uniform(k_val, (batch_size, 1, n_features))
+    shape = (batch_size, 1, n_features)
+    values = uniform(k_val, shape, draws=draws)
     if mode == "at_least_zero_active":
-        on = jax.random.uniform(k_on, (batch_size, 1, n_features)) < feature_probability
+        on = uniform(k_on, shape, draws=draws) < feature_probability
     elif mode == "exactly_one_active":
         idx = jax.random.randint(k_on, (batch_size, 1), 0, n_features)
         on = jax.nn.one_hot(idx, n_features, dtype=bool)

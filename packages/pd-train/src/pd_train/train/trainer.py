@@ -149,6 +149,7 @@ class Trainer(TrainerState, TrainerWarmup):
             decomposition=self.decomposition,
             compute_dtype=self.compute_dtype,
             sampling=pd.sampling,
+            random_draws=pd.recon.random_draws,
             use_delta=pd.use_delta_component,
             layer_unroll=pd.recon.layer_loop == "unroll",
             remat_layers=self.runtime.remat.recon or self.runtime.remat.recon_layers,
