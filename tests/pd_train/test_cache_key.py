@@ -263,6 +263,9 @@ STRUCTURAL_CHANGES: dict[str, Any] = {
     "pd.ci[type=mlp].batch_block": lambda pd: attrs.evolve(
         pd, ci=attrs.evolve(pd.ci, batch_block=2)
     ),
+    "pd.recon.random_draws": lambda pd: attrs.evolve(
+        pd, recon=attrs.evolve(pd.recon, random_draws="blocked")
+    ),
     "pd.loss_metrics[type=stochastic_recon].n_samples": lambda pd: attrs.evolve(
         pd, loss_metrics=(pd.loss_metrics[0], StochasticRecon(coeff=1.0, n_samples=2))
     ),

@@ -48,6 +48,11 @@ CASES = [
         "pd.recon.chunk_loop: got 'loop'; must be one of 'scan', 'unroll'",
     ),
     ("pd.recon", {"pair_terms": "maybe"}, "pd.recon.pair_terms: got 'maybe' (str); expected bool"),
+    (
+        "pd.recon",
+        {"random_draws": "rbg"},
+        "pd.recon.random_draws: got 'rbg'; must be one of 'jax', 'blocked'",
+    ),
     ("run_name", DELETE, "run_name: required field is missing"),
     ("run_name", "a/b", "run_name: got 'a/b'"),
     (
