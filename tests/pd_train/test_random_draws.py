@@ -103,6 +103,25 @@ def test_blocked_draws_are_uniform_and_independent_across_sites_and_blocks() -> 
     assert abs(np.corrcoef(a[:half], a[half : 2 * half])[0, 1]) < 0.02  # the draw's two blocks
 
 
+def test_blocked_draws_fall_back_to_jax_where_its_bits_differ() -> None:
+    """jax's original (non-partitionable) Threefry and a non-Threefry key draw other bits:
+    ``blocked`` draws with jax.random there."""
+    shape = (100, 3)
+    rbg = jax.random.key(4, impl="rbg")
+    np.testing.assert_array_equal(
+        _bits(uniform(rbg, shape, draws="blocked")), _bits(jax.random.uniform(rbg, shape))
+    )
+    key = jax.random.key(4)
+    jax.config.update("jax_threefry_partitionable", False)
+    try:
+        original = jax.random.uniform(key, shape)
+        blocked = uniform(key, shape, draws="blocked")
+    finally:
+        jax.config.update("jax_threefry_partitionable", True)
+    np.testing.assert_array_equal(_bits(blocked), _bits(original))
+    assert not np.array_equal(_bits(original), _bits(jax.random.uniform(key, shape)))
+
+
 def test_a_bad_draws_value_is_refused() -> None:
     with pytest.raises(ValueError, match="draws must be one of jax, blocked, got 'rbg'"):
         uniform(jax.random.key(0), (3,), draws="rbg")

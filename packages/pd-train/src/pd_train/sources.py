@@ -91,7 +91,8 @@ def _unit_float(bits: jax.Array) -> jax.Array:
 
 
 def _blocked_applies(key: jax.Array, n: int, dtype: Any) -> bool:
-    if jnp.dtype(dtype) != jnp.float32 or n >= 2**32 or not jax.config.jax_threefry_partitionable:
+    partitionable = bool(getattr(jax.config, "jax_threefry_partitionable"))  # noqa: B009
+    if jnp.dtype(dtype) != jnp.float32 or n >= 2**32 or not partitionable:
         return False
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         return str(jax.random.key_impl(key)) in ("threefry2x32", "PRNGSpec('threefry2x32')")
