@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -125,13 +127,19 @@ KEYED_DISTRIBUTIONS = ("jax", "jaxlib", "optax", "numpy", "ml_dtypes")
 
 
 def _source_digest(packages: tuple[str, ...]) -> str:
-    """sha256 over the path and bytes of every ``.py`` file of ``packages`` (a few ms)."""
+    """sha256 over the path and bytes of every ``.py`` file of ``packages`` (a few ms; found
+    without importing them: ``pd-train run``'s preload reads it before pd's imports)."""
     import hashlib
-    import importlib
+    import importlib.util
 
     digest = hashlib.sha256()
     for name in packages:
-        root = Path(importlib.import_module(name).__file__ or "").parent
+        spec = importlib.util.find_spec(name)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        if spec is None or len(locations) != 1:
+            msg = f"{name}: not a package in one directory (found {spec})"
+            raise ImportError(msg)
+        root = Path(locations[0])
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
@@ -485,6 +493,68 @@ class ExecutableCache:
             with contextlib.suppress(FileNotFoundError):
                 if not entry.exists() and time.time() - path.stat().st_mtime > 3600:
                     path.unlink()
+        # Launch hints (pd_train._preload) that name an entry no longer stored.
+        from pd_train._preload import HINT_SUFFIX
+
+        for path in self.directory.glob(f"*{HINT_SUFFIX}"):
+            try:
+                step = json.loads(path.read_text()).get("step")
+            except (OSError, ValueError, AttributeError):
+                step = None
+            if not isinstance(step, str) or not self._path(step).exists():
+                path.unlink(missing_ok=True)
+
+
+class ProgramPrefetch:
+    """Programs loaded from an executable cache in a thread, in the order given; :meth:`take`
+    hands each over once."""
+
+    def __init__(self, cache: Any, keys: list[str]) -> None:
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._pending = list(dict.fromkeys(keys))  # not started yet
+        self._loaded: dict[str, Any] = {}
+        self._events = {key: threading.Event() for key in self._pending}
+        self._thread = threading.Thread(
+            target=self._run, name="pd-train-init-programs", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                key = self._pending.pop(0)
+            try:
+                self._loaded[key] = self._cache.load(key)
+            finally:
+                self._events[key].set()
+
+    def take(self, key: str) -> Any:
+        """The program loaded under ``key`` (waiting for its load to finish), or None: not
+        listed, taken already, or not started yet (the caller loads it itself, and the thread
+        skips it)."""
+        with self._lock:
+            if key in self._pending:
+                self._pending.remove(key)
+                return None
+            event = self._events.get(key)
+        if event is None:
+            return None
+        event.wait()
+        return self._loaded.pop(key, None)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def finish(self) -> None:
+        """Start no more loads, wait for the one in progress (a process must not exit while
+        XLA deserializes in a thread) and drop what nobody took."""
+        with self._lock:
+            self._pending.clear()
+        self._thread.join()
+        self._loaded.clear()
 
 
 class TraceWindow:

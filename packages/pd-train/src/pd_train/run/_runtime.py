@@ -34,13 +34,15 @@ def start_runtime(
     *,
     run_dir: Path | None = None,
     start_step: bool = False,
+    preload: Any = None,
 ) -> Runtime:
     """Launch environment, ``jax.distributed``, mesh, trainer; layout errors raise ConfigError.
 
     ``start_step`` (``pd-train run``): the train step starts loading from the executable cache
     (or waits to compile, see :class:`StepProgram`) in a thread as soon as the trainer exists,
     before the layout checks and the run dir's setup; :func:`execute` takes it over
-    (``Runtime.step_program``)."""
+    (``Runtime.step_program``). ``preload``: the launch's :class:`pd_train._preload.Preload`
+    (``pd-train run``), handed to the step (:class:`StepProgram`)."""
     from pd_train.process_env import apply_launch_env
     from pd_train.run import distributed
 
@@ -99,6 +101,7 @@ def start_runtime(
             recorder=None,
             cache_dir=configure_cache(config, disable=dump_dir is not None),
             announce=placement.is_primary,
+            preload=preload,
         )
         step_program.start()
     try:
@@ -119,12 +122,12 @@ def start_runtime(
     )
 
 
-def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
-    from pd_train.process_env import configure_compile_cache
-
+def compile_cache_directory(config: Config) -> Path | None:
+    """The compile cache's directory for ``config`` (``runtime.compile_cache.dir``, else
+    ``<output_dir>/.compile_cache``; relative to the working directory), None when it is off.
+    :func:`pd_train._preload.cache_directory` reads the same from the unvalidated config."""
     cache = config.runtime.compile_cache
-    if disable or not cache.enabled:
-        configure_compile_cache(None)
+    if not cache.enabled:
         return None
     directory = (
         Path(cache.dir).expanduser()
@@ -133,6 +136,17 @@ def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
     )
     if not directory.is_absolute():
         directory = Path.cwd() / directory
+    return directory
+
+
+def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
+    from pd_train.process_env import configure_compile_cache
+
+    cache = config.runtime.compile_cache
+    directory = None if disable else compile_cache_directory(config)
+    if directory is None:
+        configure_compile_cache(None)
+        return None
     configure_compile_cache(
         directory, min_compile_time_s=cache.min_compile_time_s, xla_caches=cache.xla_caches
     )
