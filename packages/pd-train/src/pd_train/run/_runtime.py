@@ -26,6 +26,10 @@ class Runtime:
     #: The train step, started loading or compiling by :func:`start_runtime` (``start_step``);
     #: :func:`execute` takes it over.
     step_program: StepProgram | None = None
+    #: The layout checks' :meth:`Trainer.abstract_state` and :meth:`Trainer.abstract_target`
+    #: (of the target's dtype), reused by :func:`execute` instead of traced again.
+    abstract_state: Any = None
+    abstract_target: Any = None
 
 
 def start_runtime(
@@ -106,8 +110,8 @@ def start_runtime(
         step_program.start()
     try:
         # Every sharding rule runs on abstract shapes now, before anything is allocated.
-        trainer.abstract_state()
-        trainer.abstract_target(target_dtype(config))
+        abstract_state = trainer.abstract_state()
+        abstract_target = trainer.abstract_target(target_dtype(config))
     except pd_sharding.ShardingError as exc:
         if step_program is not None:
             step_program.cancel(wait=True)
@@ -119,6 +123,8 @@ def start_runtime(
         trainer=trainer,
         hlo_dump_dir=dump_dir,
         step_program=step_program,
+        abstract_state=abstract_state,
+        abstract_target=abstract_target,
     )
 
 
