@@ -268,3 +268,39 @@ def test_a_launch_with_a_good_a_damaged_or_a_wrong_hint_computes_the_same_number
     assert dropped["train_step_executable_cache"] == "hit"
     assert _records(tmp_path / "wrong") == expected
     assert json.loads(hints[0].read_text())["step"] == step
+
+
+def test_an_entry_is_its_executable_then_its_trees_and_an_older_entry_still_loads(
+    tmp_path: Path,
+) -> None:
+    """The preload's thread deserializes the executable (XLA's work, without the GIL) before
+    it unpickles the argument and result trees, whose node types (pd's state, optax's) are
+    imported by that unpickling: an entry is two pickles, the executable first. An entry
+    stored as one pickle (before) loads as it did."""
+    import io
+    import pickle
+
+    from jax.experimental import serialize_executable
+
+    from pd_train.process_env import ENTRY_FORMAT
+
+    fn = jax.jit(lambda x, y: {"a": jnp.tanh(x) + y, "b": (x * 2.0,)})
+    x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+    compiled = fn.lower(x, 1.0).compile()
+    cache = ExecutableCache(tmp_path)
+    assert cache.store("new", compiled)
+    with io.BytesIO((tmp_path / "new.jaxexe").read_bytes()) as file:
+        head = pickle.load(file)
+        assert head[0] == ENTRY_FORMAT and isinstance(head[2], bytes)
+        in_tree, out_tree = pickle.load(file)
+        assert file.read() == b""
+    assert in_tree == jax.tree.structure(((x, 1.0), {}))
+    assert out_tree == jax.tree.structure(compiled(x, 1.0))
+    old = pickle.dumps(([0], serialize_executable.serialize(compiled)))
+    (tmp_path / "old.jaxexe").write_bytes(old)
+    for key in ("new", "old"):
+        loaded = cache.load(key)
+        assert loaded is not None, key
+        got, want = loaded(x, 2.0), compiled(x, 2.0)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

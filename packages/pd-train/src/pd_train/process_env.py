@@ -114,6 +114,10 @@ def configure_compile_cache(
 #: The executable cache's folder inside the persistent compile cache's directory.
 EXECUTABLES_DIR = "executables"
 
+#: The first item of an entry's first pickle (the executable; its trees are a second pickle).
+#: An entry without it (stored before) is one pickle, trees first; both load.
+ENTRY_FORMAT = "pd-executable/2"
+
 #: Beside an entry ``KEY.jaxexe``: ``KEY.programs.json``, the programs loaded with it
 #: (:meth:`ExecutableCache.companions`).
 COMPANIONS_SUFFIX = ".programs.json"
@@ -374,6 +378,7 @@ class ExecutableCache:
     def load(self, key: str) -> Any:
         """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
         a damaged file is logged and ignored, and the program compiles again)."""
+        import io
         import pickle
 
         from jax.experimental import serialize_executable
@@ -383,10 +388,30 @@ class ExecutableCache:
             return None
         try:
             os.utime(path)  # recently used: kept when older entries are pruned
-            device_ids, (payload, in_tree, out_tree) = pickle.loads(path.read_bytes())
-            by_id = {d.id: d for d in jax.devices()}
-            return serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids]
+            with io.BytesIO(path.read_bytes()) as file:
+                head = pickle.load(file)
+                if not (isinstance(head, tuple) and head[:1] == (ENTRY_FORMAT,)):
+                    # An entry stored before ENTRY_FORMAT: its trees come first.
+                    device_ids, (payload, in_tree, out_tree) = head
+                    by_id = {d.id: d for d in jax.devices()}
+                    devices = [by_id[i] for i in device_ids]
+                    return serialize_executable.deserialize_and_load(
+                        payload, in_tree, out_tree, execution_devices=devices
+                    )
+                _, device_ids, payload = head
+                by_id = {d.id: d for d in jax.devices()}
+                devices = [by_id[i] for i in device_ids]
+                # XLA's work first (the GIL released); then the trees, whose unpickling
+                # imports their node types (pd's state, optax's): at a launch's start the main
+                # thread is importing those meanwhile.
+                backend = devices[0].client
+                unloaded, args_info_flat, no_kwargs = serialize_executable._JaxPjrtUnpickler(
+                    io.BytesIO(payload), backend, devices
+                ).load()
+                in_tree, out_tree = pickle.load(file)
+            args_info = in_tree.unflatten(args_info_flat)
+            return jax.stages.Compiled(
+                unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs
             )
         except Exception as exc:  # a truncated or foreign file: compile instead
             log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
@@ -457,9 +482,10 @@ class ExecutableCache:
                 compiled.output_shardings
             )
             devices = shardings[0]._device_assignment if shardings else jax.devices()
-            payload = pickle.dumps(
-                ([d.id for d in devices], serialize_executable.serialize(compiled))
-            )
+            serialized, in_tree, out_tree = serialize_executable.serialize(compiled)
+            # Two pickles: the executable, then its trees (see load).
+            payload = pickle.dumps((ENTRY_FORMAT, [d.id for d in devices], serialized))
+            payload += pickle.dumps((in_tree, out_tree))
         except Exception as exc:  # an executable that does not serialize: keep it in memory
             log.warning("executable cache: not storing %s (%s)", key[:12], exc)
             return False
