@@ -6,8 +6,11 @@ compile cache, filled by one cold launch; then the arms' warm launches of the sh
 A launch runs ``pd_train.cli.main`` in a fresh interpreter with the huge-page tunable already
 set (as ``pd-train run`` relaunches itself) and marks, at the end of each phase, the wall
 seconds since the parent started it, the process's CPU seconds (all threads) and the main
-thread's. The background loads (the train step's, from ``start_runtime`` on) report their own
-thread's CPU seconds and when they ended. Prints one table per arm: each phase's median over
+thread's (a checkout with ``pd-train run``'s preload marks it and pd_train.run's imports apart;
+one without imports pd_train.run first, as its parser did). The background loads (the train
+step's: ``StepProgram``'s thread, and the preload's, when it started and ended) report their
+own thread's CPU seconds and when they ended; XLA deserializes in threads of its own, so these
+CPU figures are the Python threads' only. Prints one table per arm: each phase's median over
 the launches (wall, CPU, main-thread CPU), and last per arm:
 
     ARM: to step 0 W.WW s wall, C.CC CPU s (main thread M.MM), median of N

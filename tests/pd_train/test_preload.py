@@ -7,6 +7,7 @@ environment, never starts the backend early."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,44 @@ def test_an_entry_is_its_executable_then_its_trees_and_an_older_entry_still_load
         got, want = loaded(x, 2.0), compiled(x, 2.0)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_loading_threads_import_nothing_the_trees_are_read_by_the_taker(
+    tmp_path: Path,
+) -> None:
+    """A thread that imports while the main thread imports the same package can get a partly
+    initialized module (an optax ImportError ended a launch): `load_executable`, what the
+    preload's threads run, imports nothing; the trees' node types are imported by `finish`."""
+    import os
+    import sys
+
+    (tmp_path / "treemod.py").write_text(
+        "from typing import NamedTuple\nclass Pair(NamedTuple):\n    a: object\n    b: object\n"
+    )
+    common = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import jax, jax.numpy as jnp\n"
+        "from pd_train.process_env import ExecutableCache\n"
+        f"cache = ExecutableCache({str(tmp_path)!r})\n"
+    )
+    store = common + (
+        "from treemod import Pair\n"
+        "f = jax.jit(lambda p: Pair(p.a + p.b, p.a * p.b))\n"
+        "assert cache.store('k', f.lower(Pair(jnp.ones(3), jnp.ones(3))).compile())\n"
+    )
+    load = common + (
+        "from jax.experimental import serialize_executable\n"
+        "loading = cache.load_executable('k')\n"
+        "print('treemod' in sys.modules)\n"
+        "compiled = cache.finish(loading)\n"
+        "from treemod import Pair\n"
+        "out = compiled(Pair(jnp.full(3, 2.0), jnp.full(3, 3.0)))\n"
+        "print('treemod' in sys.modules, type(out).__name__, float(out.a[0]), float(out.b[0]))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    for code in (store, load):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "True", "Pair", "5.0", "6.0"]

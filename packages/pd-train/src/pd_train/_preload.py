@@ -162,6 +162,10 @@ class Preload:
             return
         if backend_signature() != hint["backend"]:  # starts the backend
             return
+        # Imported here, in the main thread: the threads below import nothing (see
+        # ExecutableCache.load_executable).
+        from jax.experimental import serialize_executable  # noqa: F401
+
         from pd_train.process_env import ExecutableCache, ProgramPrefetch
 
         if not ExecutableCache.usable():
@@ -172,8 +176,8 @@ class Preload:
 
         def load() -> None:
             self.load_started = time.time()
-            try:
-                self._compiled = cache.load(hint["step"])
+            try:  # XLA's part only: the trees are read by the launch (Preload.step)
+                self._compiled = cache.load_executable(hint["step"])
             finally:
                 self.load_ended, self.load_cpu = time.time(), time.thread_time()
 
@@ -198,13 +202,14 @@ class Preload:
         return self._claimed
 
     def step(self) -> Any:
-        """The preloaded step (waiting for its load), once :meth:`claim` said it is the
-        launch's; None when its load failed (the launch loads or compiles it as before)."""
+        """The preloaded step (waiting for its load; its trees read now, in the caller's
+        thread), once :meth:`claim` said it is the launch's; None when its load failed (the
+        launch loads or compiles it as before)."""
         if not self._claimed or self._thread is None:
             return None
         self._thread.join()
-        compiled, self._compiled = self._compiled, None
-        return compiled
+        loading, self._compiled = self._compiled, None
+        return None if loading is None else self._cache.finish(loading)
 
     def prefetch(self) -> tuple[Any, list[tuple[str, str]]] | None:
         """``(ProgramPrefetch, listed (name, key) pairs)`` of the claimed step's init

@@ -310,6 +310,16 @@ class ProgramOrJit:
         return self.jit(*args, **kwargs)
 
 
+class _Loading:
+    """An entry whose executable XLA has deserialized (``parts``: the unpickled executable, its
+    flat argument infos, ``no_kwargs``) and whose trees (``rest``, a pickle) are still to be read
+    (:meth:`ExecutableCache.finish`); ``parts`` None: an entry of the older format, ``rest``
+    all of it."""
+
+    def __init__(self, path: Path, rest: bytes, parts: Any) -> None:
+        self.path, self.rest, self.parts = path, rest, parts
+
+
 class ExecutableCache:
     """Compiled programs serialized to ``directory``, one file per :func:`program_key`.
 
@@ -378,6 +388,15 @@ class ExecutableCache:
     def load(self, key: str) -> Any:
         """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
         a damaged file is logged and ignored, and the program compiles again)."""
+        loading = self.load_executable(key)
+        return None if loading is None else self.finish(loading)
+
+    def load_executable(self, key: str) -> Any:
+        """XLA's part of :meth:`load` (the executable deserialized, the GIL released), without
+        unpickling the argument and result trees: that imports their node types (pd's state,
+        optax's), which must not happen in a thread while the main thread may be importing
+        the same packages (Python then hands one of them a partly initialized module).
+        :meth:`finish` completes it; None when absent or unreadable."""
         import io
         import pickle
 
@@ -388,33 +407,45 @@ class ExecutableCache:
             return None
         try:
             os.utime(path)  # recently used: kept when older entries are pruned
-            with io.BytesIO(path.read_bytes()) as file:
+            data = path.read_bytes()
+            with io.BytesIO(data) as file:
                 head = pickle.load(file)
                 if not (isinstance(head, tuple) and head[:1] == (ENTRY_FORMAT,)):
-                    # An entry stored before ENTRY_FORMAT: its trees come first.
-                    device_ids, (payload, in_tree, out_tree) = head
-                    by_id = {d.id: d for d in jax.devices()}
-                    devices = [by_id[i] for i in device_ids]
-                    return serialize_executable.deserialize_and_load(
-                        payload, in_tree, out_tree, execution_devices=devices
-                    )
+                    return _Loading(path, data, None)  # stored before: trees first
                 _, device_ids, payload = head
                 by_id = {d.id: d for d in jax.devices()}
                 devices = [by_id[i] for i in device_ids]
-                # XLA's work first (the GIL released); then the trees, whose unpickling
-                # imports their node types (pd's state, optax's): at a launch's start the main
-                # thread is importing those meanwhile.
-                backend = devices[0].client
-                unloaded, args_info_flat, no_kwargs = serialize_executable._JaxPjrtUnpickler(
-                    io.BytesIO(payload), backend, devices
+                parts = serialize_executable._JaxPjrtUnpickler(
+                    io.BytesIO(payload), devices[0].client, devices
                 ).load()
-                in_tree, out_tree = pickle.load(file)
+                return _Loading(path, data[file.tell() :], parts)
+        except Exception as exc:  # a truncated or foreign file: compile instead
+            log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
+            return None
+
+    @staticmethod
+    def finish(loading: Any) -> Any:
+        """The ``jax.stages.Compiled`` of a :meth:`load_executable`, or None (logged)."""
+        import pickle
+
+        from jax.experimental import serialize_executable
+
+        try:
+            if loading.parts is None:  # one pickle, trees first (entries stored before)
+                device_ids, (payload, in_tree, out_tree) = pickle.loads(loading.rest)
+                by_id = {d.id: d for d in jax.devices()}
+                return serialize_executable.deserialize_and_load(
+                    payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids]
+                )
+            unloaded, args_info_flat, no_kwargs = loading.parts
+            in_tree, out_tree = pickle.loads(loading.rest)
             args_info = in_tree.unflatten(args_info_flat)
             return jax.stages.Compiled(
                 unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs
             )
         except Exception as exc:  # a truncated or foreign file: compile instead
-            log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
+            path, kind = loading.path, type(exc).__name__
+            log.warning("executable cache: ignoring %s (%s: %s)", path, kind, exc)
             return None
 
     def compile_and_store(
@@ -553,7 +584,7 @@ class ProgramPrefetch:
                     return
                 key = self._pending.pop(0)
             try:
-                self._loaded[key] = self._cache.load(key)
+                self._loaded[key] = self._cache.load_executable(key)
             finally:
                 self._events[key].set()
 
@@ -569,7 +600,9 @@ class ProgramPrefetch:
         if event is None:
             return None
         event.wait()
-        return self._loaded.pop(key, None)
+        loading = self._loaded.pop(key, None)
+        # The trees are read here, by the caller (see ExecutableCache.load_executable).
+        return None if loading is None else self._cache.finish(loading)
 
     def wait(self) -> None:
         self._thread.join()
