@@ -6,8 +6,11 @@ compile cache, filled by one cold launch; then the arms' warm launches of the sh
 A launch runs ``pd_train.cli.main`` in a fresh interpreter with the huge-page tunable already
 set (as ``pd-train run`` relaunches itself) and marks, at the end of each phase, the wall
 seconds since the parent started it, the process's CPU seconds (all threads) and the main
-thread's. The background loads (the train step's, from ``start_runtime`` on) report their own
-thread's CPU seconds and when they ended. Prints one table per arm: each phase's median over
+thread's (a checkout with ``pd-train run``'s preload marks it and pd_train.run's imports apart;
+one without imports pd_train.run first, as its parser did). The background loads (the train
+step's: ``StepProgram``'s thread, and the preload's, when it started and ended) report their
+own thread's CPU seconds and when they ended; XLA deserializes in threads of its own, so these
+CPU figures are the Python threads' only. Prints one table per arm: each phase's median over
 the launches (wall, CPU, main-thread CPU), and last per arm:
 
     ARM: to step 0 W.WW s wall, C.CC CPU s (main thread M.MM), median of N
@@ -31,7 +34,9 @@ OVERRIDES = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_wa
 
 #: (mark, phase it ends), in the order a launch reaches them.
 PHASES = (
-    ("imports", "interpreter start, imports (jax, pd_train.cli, pd_train.run)"),
+    ("cli", "interpreter start, pd_train.cli"),
+    ("preload", "preload: config read, hint, jax, backend (the step's load starts)"),
+    ("imports", "imports (jax, pd_train.run)"),
     ("prepare", "config: load and validate (prepare)"),
     ("runtime", "runtime: backend, mesh, trainer, layout checks"),
     ("recorder", "run dir, compile record, terminal"),
@@ -48,9 +53,9 @@ OUT = os.environ["PD_WARM_OUT"]
 marks, threads = {}, {}
 def mark(name):
     marks[name] = (time.time() - T0, time.process_time(), time.thread_time())
-import pd_train.cli, pd_train.run
-from pd_train.run import _execute, _programs
-mark("imports")
+import pd_train.cli
+from pd_train.cli import run as run_cli
+mark("cli")
 def after(module, attr, name):
     fn = getattr(module, attr)
     def wrapped(*a, **k):
@@ -58,34 +63,60 @@ def after(module, attr, name):
         mark(name)
         return result
     setattr(module, attr, wrapped)
-after(pd_train.run, "prepare", "prepare")
-after(pd_train.run, "start_runtime", "runtime")
-after(_execute, "_run_recorder", "recorder")
-after(_execute, "_load_target", "target")
-after(_execute, "_initial_state", "init")
-after(_execute, "_run_hooks", "hooks")
-build = _programs.StepProgram._build
-def timed_build(self):
-    try:
-        build(self)
-    finally:
-        threads["train_step load"] = (time.time() - T0, time.thread_time())
-_programs.StepProgram._build = timed_build
-step_fn = _execute._step_fn
-def timed_step_fn(*a, **k):
-    fn = step_fn(*a, **k)
-    def wrapped(state, step):
-        result = fn(state, step)
-        if "step0" not in marks:
-            mark("step0")
-            with open(OUT, "w") as f:
-                json.dump({"marks": marks, "threads": threads}, f)
-            if os.environ.get("PD_WARM_EXIT"):  # e.g. under -X importtime: only to step 0
-                sys.stderr.flush()
-                os._exit(0)
+def install():
+    import pd_train.run
+    from pd_train.run import _execute, _programs
+    after(pd_train.run, "prepare", "prepare")
+    after(pd_train.run, "start_runtime", "runtime")
+    after(_execute, "_run_recorder", "recorder")
+    after(_execute, "_load_target", "target")
+    after(_execute, "_initial_state", "init")
+    after(_execute, "_run_hooks", "hooks")
+    build = _programs.StepProgram._build
+    def timed_build(self):
+        try:
+            build(self)
+        finally:
+            threads["train_step load"] = (time.time() - T0, time.thread_time())
+    _programs.StepProgram._build = timed_build
+    step_fn = _execute._step_fn
+    def timed_step_fn(*a, **k):
+        fn = step_fn(*a, **k)
+        def wrapped(state, step):
+            result = fn(state, step)
+            if "step0" not in marks:
+                mark("step0")
+                for p in preloads:
+                    if p is not None and p.load_ended is not None:
+                        threads["preload (step)"] = (p.load_ended - T0, p.load_cpu)
+                        threads["preload (step) started"] = (p.load_started - T0, 0.0)
+                with open(OUT, "w") as f:
+                    json.dump({"marks": marks, "threads": threads}, f)
+                if os.environ.get("PD_WARM_EXIT"):  # e.g. under -X importtime: only to step 0
+                    sys.stderr.flush()
+                    os._exit(0)
+            return result
+        return wrapped
+    _execute._step_fn = timed_step_fn
+preloads = []
+if hasattr(run_cli, "_run_with"):  # the preload, then pd_train.run's imports (pd-train run)
+    preload = run_cli._preload
+    def timed_preload(args):
+        result = preload(args)
+        preloads.append(result)
+        mark("preload")
         return result
-    return wrapped
-_execute._step_fn = timed_step_fn
+    run_cli._preload = timed_preload
+    run_with = run_cli._run_with
+    def timed_run_with(args, preload):
+        install()
+        mark("imports")
+        return run_with(args, preload)
+    run_cli._run_with = timed_run_with
+else:  # a checkout without the preload: pd_train.run imported by the CLI's parser
+    mark("preload")
+    install()
+    mark("imports")
 sys.exit(pd_train.cli.main(sys.argv[1:]))
 """
 

@@ -200,3 +200,16 @@ def test_resume_turns_collection_back_on_once() -> None:
         pass
     assert not gc.isenabled()
     gc.enable()
+
+
+def test_the_command_line_parses_without_importing_jax() -> None:
+    """`pd-train run` starts loading its step (pd_train._preload) right after its arguments,
+    before pd's and JAX's imports finish; the parser of every subcommand used to import
+    pd_train.run, and JAX with it, first (`pd-train probe`'s module)."""
+    code = (
+        "import sys\n"
+        "from pd_train.cli import build_parser\n"
+        "build_parser().parse_args(['run', 'builtin:default'])\n"
+        "print(sorted(m for m in ('jax', 'pd_train.run', 'numpy') if m in sys.modules))\n"
+    )
+    assert _python(code) == "[]"

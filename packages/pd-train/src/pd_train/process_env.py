@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -112,6 +114,10 @@ def configure_compile_cache(
 #: The executable cache's folder inside the persistent compile cache's directory.
 EXECUTABLES_DIR = "executables"
 
+#: The first item of an entry's first pickle (the executable; its trees are a second pickle).
+#: An entry without it (stored before) is one pickle, trees first; both load.
+ENTRY_FORMAT = "pd-executable/2"
+
 #: Beside an entry ``KEY.jaxexe``: ``KEY.programs.json``, the programs loaded with it
 #: (:meth:`ExecutableCache.companions`).
 COMPANIONS_SUFFIX = ".programs.json"
@@ -125,13 +131,19 @@ KEYED_DISTRIBUTIONS = ("jax", "jaxlib", "optax", "numpy", "ml_dtypes")
 
 
 def _source_digest(packages: tuple[str, ...]) -> str:
-    """sha256 over the path and bytes of every ``.py`` file of ``packages`` (a few ms)."""
+    """sha256 over the path and bytes of every ``.py`` file of ``packages`` (a few ms; found
+    without importing them: ``pd-train run``'s preload reads it before pd's imports)."""
     import hashlib
-    import importlib
+    import importlib.util
 
     digest = hashlib.sha256()
     for name in packages:
-        root = Path(importlib.import_module(name).__file__ or "").parent
+        spec = importlib.util.find_spec(name)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        if spec is None or len(locations) != 1:
+            msg = f"{name}: not a package in one directory (found {spec})"
+            raise ImportError(msg)
+        root = Path(locations[0])
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
@@ -298,6 +310,16 @@ class ProgramOrJit:
         return self.jit(*args, **kwargs)
 
 
+class _Loading:
+    """An entry whose executable XLA has deserialized (``parts``: the unpickled executable, its
+    flat argument infos, ``no_kwargs``) and whose trees (``rest``, a pickle) are still to be read
+    (:meth:`ExecutableCache.finish`); ``parts`` None: an entry of the older format, ``rest``
+    all of it."""
+
+    def __init__(self, path: Path, rest: bytes, parts: Any) -> None:
+        self.path, self.rest, self.parts = path, rest, parts
+
+
 class ExecutableCache:
     """Compiled programs serialized to ``directory``, one file per :func:`program_key`.
 
@@ -366,6 +388,16 @@ class ExecutableCache:
     def load(self, key: str) -> Any:
         """The ``jax.stages.Compiled`` stored under ``key``, or None (absent or unreadable:
         a damaged file is logged and ignored, and the program compiles again)."""
+        loading = self.load_executable(key)
+        return None if loading is None else self.finish(loading)
+
+    def load_executable(self, key: str) -> Any:
+        """XLA's part of :meth:`load` (the executable deserialized, the GIL released), without
+        unpickling the argument and result trees: that imports their node types (pd's state,
+        optax's), which must not happen in a thread while the main thread may be importing
+        the same packages (Python then hands one of them a partly initialized module).
+        :meth:`finish` completes it; None when absent or unreadable."""
+        import io
         import pickle
 
         from jax.experimental import serialize_executable
@@ -375,13 +407,45 @@ class ExecutableCache:
             return None
         try:
             os.utime(path)  # recently used: kept when older entries are pruned
-            device_ids, (payload, in_tree, out_tree) = pickle.loads(path.read_bytes())
-            by_id = {d.id: d for d in jax.devices()}
-            return serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids]
-            )
+            data = path.read_bytes()
+            with io.BytesIO(data) as file:
+                head = pickle.load(file)
+                if not (isinstance(head, tuple) and head[:1] == (ENTRY_FORMAT,)):
+                    return _Loading(path, data, None)  # stored before: trees first
+                _, device_ids, payload = head
+                by_id = {d.id: d for d in jax.devices()}
+                devices = [by_id[i] for i in device_ids]
+                parts = serialize_executable._JaxPjrtUnpickler(
+                    io.BytesIO(payload), devices[0].client, devices
+                ).load()
+                return _Loading(path, data[file.tell() :], parts)
         except Exception as exc:  # a truncated or foreign file: compile instead
             log.warning("executable cache: ignoring %s (%s: %s)", path, type(exc).__name__, exc)
+            return None
+
+    @staticmethod
+    def finish(loading: Any) -> Any:
+        """The ``jax.stages.Compiled`` of a :meth:`load_executable`, or None (logged)."""
+        import pickle
+
+        from jax.experimental import serialize_executable
+
+        try:
+            if loading.parts is None:  # one pickle, trees first (entries stored before)
+                device_ids, (payload, in_tree, out_tree) = pickle.loads(loading.rest)
+                by_id = {d.id: d for d in jax.devices()}
+                return serialize_executable.deserialize_and_load(
+                    payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids]
+                )
+            unloaded, args_info_flat, no_kwargs = loading.parts
+            in_tree, out_tree = pickle.loads(loading.rest)
+            args_info = in_tree.unflatten(args_info_flat)
+            return jax.stages.Compiled(
+                unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs
+            )
+        except Exception as exc:  # a truncated or foreign file: compile instead
+            path, kind = loading.path, type(exc).__name__
+            log.warning("executable cache: ignoring %s (%s: %s)", path, kind, exc)
             return None
 
     def compile_and_store(
@@ -449,9 +513,10 @@ class ExecutableCache:
                 compiled.output_shardings
             )
             devices = shardings[0]._device_assignment if shardings else jax.devices()
-            payload = pickle.dumps(
-                ([d.id for d in devices], serialize_executable.serialize(compiled))
-            )
+            serialized, in_tree, out_tree = serialize_executable.serialize(compiled)
+            # Two pickles: the executable, then its trees (see load).
+            payload = pickle.dumps((ENTRY_FORMAT, [d.id for d in devices], serialized))
+            payload += pickle.dumps((in_tree, out_tree))
         except Exception as exc:  # an executable that does not serialize: keep it in memory
             log.warning("executable cache: not storing %s (%s)", key[:12], exc)
             return False
@@ -485,6 +550,70 @@ class ExecutableCache:
             with contextlib.suppress(FileNotFoundError):
                 if not entry.exists() and time.time() - path.stat().st_mtime > 3600:
                     path.unlink()
+        # Launch hints (pd_train._preload) that name an entry no longer stored.
+        from pd_train._preload import HINT_SUFFIX
+
+        for path in self.directory.glob(f"*{HINT_SUFFIX}"):
+            try:
+                step = json.loads(path.read_text()).get("step")
+            except (OSError, ValueError, AttributeError):
+                step = None
+            if not isinstance(step, str) or not self._path(step).exists():
+                path.unlink(missing_ok=True)
+
+
+class ProgramPrefetch:
+    """Programs loaded from an executable cache in a thread, in the order given; :meth:`take`
+    hands each over once."""
+
+    def __init__(self, cache: Any, keys: list[str]) -> None:
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._pending = list(dict.fromkeys(keys))  # not started yet
+        self._loaded: dict[str, Any] = {}
+        self._events = {key: threading.Event() for key in self._pending}
+        self._thread = threading.Thread(
+            target=self._run, name="pd-train-init-programs", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                key = self._pending.pop(0)
+            try:
+                self._loaded[key] = self._cache.load_executable(key)
+            finally:
+                self._events[key].set()
+
+    def take(self, key: str) -> Any:
+        """The program loaded under ``key`` (waiting for its load to finish), or None: not
+        listed, taken already, or not started yet (the caller loads it itself, and the thread
+        skips it)."""
+        with self._lock:
+            if key in self._pending:
+                self._pending.remove(key)
+                return None
+            event = self._events.get(key)
+        if event is None:
+            return None
+        event.wait()
+        loading = self._loaded.pop(key, None)
+        # The trees are read here, by the caller (see ExecutableCache.load_executable).
+        return None if loading is None else self._cache.finish(loading)
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def finish(self) -> None:
+        """Start no more loads, wait for the one in progress (a process must not exit while
+        XLA deserializes in a thread) and drop what nobody took."""
+        with self._lock:
+            self._pending.clear()
+        self._thread.join()
+        self._loaded.clear()
 
 
 class TraceWindow:

@@ -39,10 +39,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pd_train.config.io import add_override_argument
-from pd_train.run import COMPILE_FILE, Prepared
+
+if TYPE_CHECKING:  # pd_train.run imports JAX: `pd-train run` imports it later (pd_train.cli.run)
+    from pd_train.run import Prepared
 
 __all__ = [
     "DEFAULT_PROBE_CONFIG",
@@ -407,6 +409,8 @@ def _collect_step_records(probe_dir: Path) -> None:
     """Steps mode: ``pd-train run`` records its compiles in ``RUN_DIR/compile.json``; that is
     the run's pd-probe record."""
     for run_dir in sorted((probe_dir / "arms").glob("*/run-*")):
+        from pd_train.run import COMPILE_FILE
+
         source, record = run_dir / "out" / COMPILE_FILE, run_dir / "record.json"
         if source.is_file() and not record.exists():
             shutil.copyfile(source, record)

@@ -137,6 +137,40 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    preload = _preload(args)
+    try:
+        return _run_with(args, preload)
+    finally:
+        if preload is not None:
+            preload.close()
+
+
+def _preload(args: argparse.Namespace) -> Any:
+    """The launch's :class:`pd_train._preload.Preload` (the train step loading from the
+    executable cache at once, when an earlier launch left a hint for this config's structure),
+    before pd's imports and the config's validation; None for a launch that could be
+    multi-process (the backend must start after ``jax.distributed``), a toy, or a config
+    that does not read (:func:`pd_train.run.prepare` reports it)."""
+    if args.distributed != "none":
+        return None
+    from pd_train import _preload
+
+    try:
+        if args.resume is not None:
+            if args.overrides:
+                return None
+            source: str | Path = args.resume / "config.yaml"
+        else:
+            source = config_source(args.config)
+        return _preload.begin(source, args.overrides)
+    except Exception as exc:  # a bad config or hint: the launch goes on without
+        import logging
+
+        logging.getLogger("pd_train").debug("no preload (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _run_with(args: argparse.Namespace, preload: Any) -> int:
     from pd_train import _gc_pause
     from pd_train import run as runner
     from pd_train.config.io import ConfigError
@@ -197,7 +231,9 @@ def _run(args: argparse.Namespace) -> int:
         with runner.RunDirLock(run_dir, enabled=placement.is_primary):
             if resume is None and args.run_dir is not None:
                 prepared = runner.resolve_run_dir(prepared, run_dir)
-            rt = runner.start_runtime(prepared, placement, run_dir=run_dir, start_step=True)
+            rt = runner.start_runtime(
+                prepared, placement, run_dir=run_dir, start_step=True, preload=preload
+            )
             _gc_pause.resume()
             result = runner.execute(
                 rt,

@@ -91,17 +91,20 @@ def replicated(trainer: Any, key: Any) -> Any:
     return jax.random.wrap_key_data(jax.device_put(source, trainer.layout.replicated()))
 
 
-def canonical_state(trainer: Any, state: Any) -> Any:
+def canonical_state(trainer: Any, state: Any, abstract: Any = None) -> Any:
     """``state`` on the shardings of :meth:`Trainer.abstract_state`, the layout a checkpoint
     restores onto. The warmup jit, for one, leaves the components on shardings XLA chose; a
     state laid out otherwise lowers the step to another program (another persistent-cache key),
     so a resumed run would miss the cache that its fresh start filled. A no-op where the
-    layouts already agree."""
+    layouts already agree. ``abstract``: the trainer's :meth:`Trainer.abstract_state`, when the
+    caller has it already."""
     import jax
 
     if trainer.layout is None:
         return state
-    shardings = jax.tree.map(lambda a: a.sharding, trainer.abstract_state())
+    if abstract is None:
+        abstract = trainer.abstract_state()
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
     return jax.device_put(state, shardings)
 
 

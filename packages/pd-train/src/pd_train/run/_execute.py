@@ -307,7 +307,9 @@ def _load_target(rt: Runtime, recorder: Any) -> Any:
     import jax
 
     dtype = target_dtype(rt.prepared.config)
-    abstract_target = rt.trainer.abstract_target(dtype)
+    abstract_target = rt.abstract_target
+    if abstract_target is None:
+        abstract_target = rt.trainer.abstract_target(dtype)
     shardings = jax.tree.map(lambda a: a.sharding, abstract_target)
     with recorder.phase("load_target"):
         return load_target(rt.prepared, shardings=shardings, dtype=dtype)
@@ -354,7 +356,8 @@ def _initial_state(
         recorder.note(init_executable_cache=dict(step_program.init_outcomes))
     if step_program.init_prefetched:
         recorder.note(init_programs_prefetched=list(step_program.init_prefetched))
-    return canonical_state(trainer, state), replicated(trainer, run_key), start
+    canonical = canonical_state(trainer, state, rt.abstract_state)
+    return canonical, replicated(trainer, run_key), start
 
 
 def _batches(rt: Runtime, path: Any, seed: int) -> Any:

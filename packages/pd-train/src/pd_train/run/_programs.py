@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pd_train.process_env import ProgramPrefetch
+
 log = logging.getLogger("pd_train")
 
 
@@ -37,6 +39,11 @@ class StepProgram:
     second thread at once, beside the step's load, so that :meth:`init_programs` finds them
     loaded (each still by its own key: a listed program whose key the launch does not ask for
     is never used).
+
+    ``preload`` (``pd-train run``: :func:`pd_train._preload.begin`): the step and its init
+    programs that the launch started loading from a hint before its set-up; taken instead of
+    loading them again when the step's key (and cache) are the hint's, dropped otherwise; the
+    hint is rewritten to name this step once the cache holds it.
     """
 
     def __init__(
@@ -47,6 +54,7 @@ class StepProgram:
         recorder: Any,
         cache_dir: Path | None,
         announce: bool = False,
+        preload: Any = None,
     ) -> None:
         from pd_train.process_env import EXECUTABLES_DIR, ExecutableCache, source_digest
 
@@ -87,10 +95,13 @@ class StepProgram:
         self._init_keys: list[tuple[str, str]] = []
         #: What the cache listed for this step (:meth:`remember_init_programs`).
         self._listed: list[tuple[str, str]] = []
-        self._prefetch: _Prefetch | None = None
+        self._prefetch: ProgramPrefetch | None = None
         #: The init and warm-up jits whose programs the prefetch thread had loaded.
         self.init_prefetched: list[str] = []
         self._prefetch_started = threading.Event()
+        self.preload = preload if self.cache is not None else None
+        if preload is not None and self.preload is None:
+            preload.claim("", None)  # no executable cache: nothing preloaded is used
 
     def _program_key(self, name: str) -> str:
         """:func:`trainer_program_key` of ``name``, the trainer's static inputs read once."""
@@ -115,9 +126,13 @@ class StepProgram:
         """Load the init and warm-up programs listed beside the step's entry, in a thread."""
         assert self.cache is not None
         try:
+            preloaded = self.preload.prefetch() if self.preload is not None else None
+            if preloaded is not None:  # started with the launch, from its hint
+                self._prefetch, self._listed = preloaded
+                return
             self._listed = self.cache.companions(self.key())
             if self._listed:
-                self._prefetch = _Prefetch(self.cache, [key for _, key in self._listed])
+                self._prefetch = ProgramPrefetch(self.cache, [key for _, key in self._listed])
         finally:
             self._prefetch_started.set()
 
@@ -163,14 +178,20 @@ class StepProgram:
         try:
             key = self.key() if self.cache is not None else ""
             if self.cache is not None:
+                preload = self.preload
+                preloaded = preload is not None and preload.claim(key, self.cache_dir)
                 # The init programs are needed first: their loads start beside the step's.
                 self._start_prefetch()
                 # A load needs no recorder: it starts at once, also before the run's.
                 t0 = time.perf_counter()
-                self.compiled = self.trainer.bind_step_program(self.cache.load(key))
+                compiled = preload.step() if preload is not None and preloaded else None
+                if compiled is None:
+                    compiled = self.cache.load(key)
+                self.compiled = self.trainer.bind_step_program(compiled)
                 if self.compiled is not None:
                     self.outcome = "hit"
                     self.load_seconds = time.perf_counter() - t0
+                    self._remember(key)
                     if self.announce:
                         print(
                             f"loading train_step (executable cache)… {self.load_seconds:.1f} s",
@@ -183,8 +204,14 @@ class StepProgram:
                 return
             with self.recorder.phase("train_step"):
                 self._compile(key)
+            self._remember(key)
         except Exception as exc:  # reported at the first step, which falls back to the jit
             self.error = exc
+
+    def _remember(self, key: str) -> None:
+        """Name this step in the launch's hint (:meth:`pd_train._preload.Preload.remember`)."""
+        if self.preload is not None and self.cache is not None:
+            self.preload.remember(key, held=self.cache.holds(key))
 
     def _compile(self, key: str) -> None:
         import sys
@@ -276,6 +303,8 @@ class StepProgram:
         self._thread.join()
         self._joined = True
         self.recorder.note(train_step_executable_cache=self.outcome)
+        if self.preload is not None:
+            self.recorder.note(train_step_preload=self.preload.outcome)
         if self.load_seconds is not None:
             # The hit's jit entry (no compiles); the load ran before the recorder was attached,
             # so its seconds are a note.
@@ -357,56 +386,9 @@ def _types(tree: Any) -> str:
     return repr(jax.tree.map(lambda v: type(v).__name__, tree))
 
 
-class _Prefetch:
-    """Programs loaded from an executable cache in a thread, in the order given; :meth:`take`
-    hands each over once."""
-
-    def __init__(self, cache: Any, keys: list[str]) -> None:
-        self._cache = cache
-        self._lock = threading.Lock()
-        self._pending = list(dict.fromkeys(keys))  # not started yet
-        self._loaded: dict[str, Any] = {}
-        self._events = {key: threading.Event() for key in self._pending}
-        self._thread = threading.Thread(
-            target=self._run, name="pd-train-init-programs", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                key = self._pending.pop(0)
-            try:
-                self._loaded[key] = self._cache.load(key)
-            finally:
-                self._events[key].set()
-
-    def take(self, key: str) -> Any:
-        """The program loaded under ``key`` (waiting for its load to finish), or None: not
-        listed, taken already, or not started yet (the caller loads it itself, and the thread
-        skips it)."""
-        with self._lock:
-            if key in self._pending:
-                self._pending.remove(key)
-                return None
-            event = self._events.get(key)
-        if event is None:
-            return None
-        event.wait()
-        return self._loaded.pop(key, None)
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def finish(self) -> None:
-        """Start no more loads, wait for the one in progress (a process must not exit while
-        XLA deserializes in a thread) and drop what nobody took."""
-        with self._lock:
-            self._pending.clear()
-        self._thread.join()
-        self._loaded.clear()
+#: The loader of the listed init programs (moved to :mod:`pd_train.process_env`, where the
+#: launch's preload uses it before this module is imported).
+_Prefetch = ProgramPrefetch
 
 
 class _Labelled:

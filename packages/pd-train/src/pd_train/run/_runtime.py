@@ -26,6 +26,10 @@ class Runtime:
     #: The train step, started loading or compiling by :func:`start_runtime` (``start_step``);
     #: :func:`execute` takes it over.
     step_program: StepProgram | None = None
+    #: The layout checks' :meth:`Trainer.abstract_state` and :meth:`Trainer.abstract_target`
+    #: (of the target's dtype), reused by :func:`execute` instead of traced again.
+    abstract_state: Any = None
+    abstract_target: Any = None
 
 
 def start_runtime(
@@ -34,13 +38,15 @@ def start_runtime(
     *,
     run_dir: Path | None = None,
     start_step: bool = False,
+    preload: Any = None,
 ) -> Runtime:
     """Launch environment, ``jax.distributed``, mesh, trainer; layout errors raise ConfigError.
 
     ``start_step`` (``pd-train run``): the train step starts loading from the executable cache
     (or waits to compile, see :class:`StepProgram`) in a thread as soon as the trainer exists,
     before the layout checks and the run dir's setup; :func:`execute` takes it over
-    (``Runtime.step_program``)."""
+    (``Runtime.step_program``). ``preload``: the launch's :class:`pd_train._preload.Preload`
+    (``pd-train run``), handed to the step (:class:`StepProgram`)."""
     from pd_train.process_env import apply_launch_env
     from pd_train.run import distributed
 
@@ -99,12 +105,13 @@ def start_runtime(
             recorder=None,
             cache_dir=configure_cache(config, disable=dump_dir is not None),
             announce=placement.is_primary,
+            preload=preload,
         )
         step_program.start()
     try:
         # Every sharding rule runs on abstract shapes now, before anything is allocated.
-        trainer.abstract_state()
-        trainer.abstract_target(target_dtype(config))
+        abstract_state = trainer.abstract_state()
+        abstract_target = trainer.abstract_target(target_dtype(config))
     except pd_sharding.ShardingError as exc:
         if step_program is not None:
             step_program.cancel(wait=True)
@@ -116,15 +123,17 @@ def start_runtime(
         trainer=trainer,
         hlo_dump_dir=dump_dir,
         step_program=step_program,
+        abstract_state=abstract_state,
+        abstract_target=abstract_target,
     )
 
 
-def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
-    from pd_train.process_env import configure_compile_cache
-
+def compile_cache_directory(config: Config) -> Path | None:
+    """The compile cache's directory for ``config`` (``runtime.compile_cache.dir``, else
+    ``<output_dir>/.compile_cache``; relative to the working directory), None when it is off.
+    :func:`pd_train._preload.cache_directory` reads the same from the unvalidated config."""
     cache = config.runtime.compile_cache
-    if disable or not cache.enabled:
-        configure_compile_cache(None)
+    if not cache.enabled:
         return None
     directory = (
         Path(cache.dir).expanduser()
@@ -133,6 +142,17 @@ def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
     )
     if not directory.is_absolute():
         directory = Path.cwd() / directory
+    return directory
+
+
+def configure_cache(config: Config, *, disable: bool = False) -> Path | None:
+    from pd_train.process_env import configure_compile_cache
+
+    cache = config.runtime.compile_cache
+    directory = None if disable else compile_cache_directory(config)
+    if directory is None:
+        configure_compile_cache(None)
+        return None
     configure_compile_cache(
         directory, min_compile_time_s=cache.min_compile_time_s, xla_caches=cache.xla_caches
     )
