@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import jax
@@ -56,6 +56,11 @@ class ForwardSpec:
     save_sources: bool = True
     #: False: live sites output ((x@V)·m)@U (no delta component, no delta channel drawn).
     use_delta: bool = True
+    #: Whether the masked forward runs a target's ``reduced_stream`` (:mod:`pd_train.targets.base`)
+    #: instead of its own stream: ``"auto"`` where the target offers it and finds it cheaper,
+    #: ``"always"`` wherever it offers it, ``"never"``. The clean forward (the CI's inputs) always
+    #: runs the target itself.
+    reduce_stream: Literal["auto", "always", "never"] = "auto"
     #: ``constrain(x [B, ...]) -> x`` keeps activations batch-sharded (identity without a mesh).
     constrain: Callable[[jax.Array], jax.Array] = attrs.field(default=lambda x: x, eq=False)
 
@@ -253,6 +258,10 @@ def masked_forward(
     plain layer, live layers scan a body with their live kinds wired in, no branches (what an
     unrolled chunk loop traces).
     """
+    reduced = _reduced(spec, target, components)
+    if reduced is not None:  # the same function on a narrower stream, from layer 0
+        spec, target, components = reduced
+        clean_stream = None
     m = _MaskedInputs(
         spec=spec,
         target=target,
@@ -288,6 +297,21 @@ def masked_forward(
         for run in _layer_runs(m, seg, seg_live, first):
             h = _masked_run(m, seg, (cols, seg_live), run, h, ctx, first)
     return _finish(spec, target, h, head)
+
+
+def _reduced(
+    spec: ForwardSpec, target: Tree, components: Mapping[str, Mapping[str, jax.Array]]
+) -> tuple[ForwardSpec, Tree, Mapping[str, Mapping[str, jax.Array]]] | None:
+    """(spec, target params, components) of the target's ``reduced_stream`` where
+    ``spec.reduce_stream`` asks for it and the target offers it, else None."""
+    reduce = getattr(spec.target, "reduced_stream", None)
+    if spec.reduce_stream == "never" or reduce is None:
+        return None
+    out = reduce(target, components, force=spec.reduce_stream == "always")
+    if out is None:
+        return None
+    model, params, comps = out
+    return attrs.evolve(spec, model=model, reduce_stream="never"), params, comps
 
 
 @attrs.frozen(kw_only=True, eq=False)
