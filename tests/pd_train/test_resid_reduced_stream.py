@@ -93,3 +93,52 @@ def test_reduced_stream_masked_forward_and_gradients(n_layers: int, bias: bool) 
             for a, b in zip(flat_g, flat_w, strict=True):
                 scale = float(jnp.max(jnp.abs(b))) + 1e-12
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["resid_mlp1", "resid_mlp2"])
+def test_reduced_stream_train_steps_match(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three steps of the toy's recipe (the shipped d_embed-1000 target, batch 16, C 20, no
+    warmup): stochastic recon, layerwise recon and importance minimality through the reduced
+    stream give the stream forward's params (components and CI MLPs) within fp32 rounding."""
+    from pd_train.config.pd import FaithfulnessWarmup
+    from pd_train.targets.toys import decompose, make_target, toy_config, toy_trainer, toy_weights
+
+    toy = toy_config(name)
+    pd = attrs.evolve(
+        toy.pd,
+        steps=3,
+        batch_size=16,
+        faithfulness_warmup=FaithfulnessWarmup(steps=0),
+        decomposition_targets=tuple(attrs.evolve(t, C=20) for t in toy.pd.decomposition_targets),
+    )
+    target = make_target(toy)
+    weights = jax.tree_util.tree_map(jnp.asarray, toy_weights(name))
+    calls = []
+    original = ResidMLPTarget.reduced_stream
+
+    def counted(self: ResidMLPTarget, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(ResidMLPTarget, "reduced_stream", counted)
+    finals = {}
+    for mode in ("never", "always"):
+        trainer = toy_trainer(target, pd)
+        trainer.forward_spec = attrs.evolve(trainer.forward_spec, reduce_stream=mode)
+        calls.clear()
+        _, state = decompose(
+            target, weights, pd, seed=0, feature_probability=toy.feature_probability,
+            trainer=trainer,
+        )  # fmt: skip
+        assert (mode == "always") == (bool(calls) and all(calls)), (mode, calls)
+        finals[mode] = jax.tree_util.tree_map(np.asarray, state.params)
+    flat_s, tree_s = jax.tree_util.tree_flatten_with_path(finals["never"])
+    flat_r = jax.tree_util.tree_leaves(finals["always"])
+    assert len(flat_s) == len(flat_r)
+    moved = 0.0
+    for (path, want), got in zip(flat_s, flat_r, strict=True):
+        scale = float(np.max(np.abs(want))) + 1e-12
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=str(path))
+        moved = max(moved, scale)
+    assert moved > 0

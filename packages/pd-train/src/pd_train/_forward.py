@@ -257,6 +257,10 @@ def masked_forward(
     specialized at trace time — it starts at the first live layer, runs of frozen layers scan the
     plain layer, live layers scan a body with their live kinds wired in, no branches (what an
     unrolled chunk loop traces).
+
+    A target with a ``reduced_stream`` (the residual MLP; ``spec.reduce_stream``) runs on its
+    reduced stream instead, from layer 0 (``clean_stream`` unused): the same output, the same
+    sites' values, CI and sources, up to float rounding.
     """
     reduced = _reduced(spec, target, components)
     if reduced is not None:  # the same function on a narrower stream, from layer 0
