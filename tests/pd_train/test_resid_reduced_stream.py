@@ -142,3 +142,40 @@ def test_reduced_stream_train_steps_match(name: str, monkeypatch: pytest.MonkeyP
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=str(path))
         moved = max(moved, scale)
     assert moved > 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_reduced_stream_clean_run_gives_the_ci_the_same_inputs(n_layers: int, bias: bool) -> None:
+    """The clean forward on the reduced stream (a CI reading x@V only: ``pd.ci.type: mlp``):
+    the same output, stream, CI pre-activations and gradients (CI params and V)."""
+    from pd_train._forward import CleanRunner
+    from pd_train.ci.mlp import MLPCIFunction
+
+    spec, params, comps, _, x = _setup(n_layers, bias)
+    fn = MLPCIFunction(hidden_dims=(4,))
+    ci_params = {}
+    for layout in spec.decomposition.kinds:
+        specs = fn.param_specs(layout)
+        ci_params[layout.kind] = {
+            k: 0.5 * jax.random.normal(jax.random.key(i), (n_layers, *v.shape))
+            for i, (k, v) in enumerate(specs.items())
+        }
+
+    def run(mode: str, ci_params: Any, comps: Any) -> tuple[jax.Array, Any]:
+        clean = CleanRunner(
+            attrs.evolve(spec, reduce_stream=mode), params, x, ci_reads_inner=True
+        )
+        out, pre = fn.causal_importance(ci_params, comps, clean)
+        return jnp.sum(jnp.sin(sum(jnp.sum(jnp.cos(v)) for v in pre.values()))), (
+            out, pre, clean.stream,
+        )  # fmt: skip
+
+    grad = jax.value_and_grad(run, argnums=(1, 2), has_aux=True)
+    (_, want), want_g = grad("never", ci_params, comps)
+    (_, got), got_g = grad("always", ci_params, comps)
+    assert want[2].shape == got[2].shape == (n_layers + 1, B, 1, D)
+    for a, b in zip(jax.tree_util.tree_leaves((got, got_g)), jax.tree_util.tree_leaves((want, want_g)), strict=True):
+        scale = float(jnp.max(jnp.abs(b))) + 1e-12
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * scale)
+    assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree_util.tree_leaves(got_g))

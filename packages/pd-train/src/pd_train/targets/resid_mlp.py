@@ -131,8 +131,12 @@ class ResidMLPTarget:
         return h @ params["embed"].T.astype(h.dtype)
 
     def reduced_stream(
-        self, params: Any, components: Mapping[str, Mapping[str, jax.Array]], *, force: bool
-    ) -> tuple[ReducedResidMLP, Any, dict[str, dict[str, jax.Array]]] | None:
+        self,
+        params: Any,
+        components: Mapping[str, Mapping[str, jax.Array]] | None,
+        *,
+        force: bool,
+    ) -> tuple[ReducedResidMLP, Any, dict[str, dict[str, jax.Array]] | None] | None:
         """The same model and components with the residual stream in a basis of R ≪ d_embed
         rows (the optional ``reduced_stream`` capability of :mod:`pd_train.targets.base`).
 
@@ -148,30 +152,35 @@ class ResidMLPTarget:
         gradients to every component are unchanged up to float rounding. (The reduced forward
         compares no stream activations: only the output and the sites' values are the same.)
 
+        ``components`` None: the frozen model's reduced stream (no component slots, for the
+        clean forward; the components returned are None). The reduced params' ``basis``
+        [R, d_embed] gives the stream back (h = h'·basis); the reduced target's
+        ``stream_kinds`` (mlp_in) read it.
+
         None when not every layer decomposes both kinds, or (unless ``force``) when R is more
         than half of d_embed (the basis products would cost about what they save)."""
         c = self.config
-        stacks = {k: components.get(k) for k in self.kinds}
-        if any(s is None or s["V"].shape[0] != c.n_layers for s in stacks.values()):
-            return None
-        v_in, u_in = components["mlp_in"]["V"], components["mlp_in"]["U"]
-        v_out, u_out = components["mlp_out"]["V"], components["mlp_out"]["U"]
-        c_out = u_out.shape[1]
+        if components is not None:
+            stacks = {k: components.get(k) for k in self.kinds}
+            if any(s is None or s["V"].shape[0] != c.n_layers for s in stacks.values()):
+                return None
+        c_out = 0 if components is None else components["mlp_out"]["U"].shape[1]
         slot = c_out + c.d_mlp + (1 if c.bias else 0)
         width = c.n_features + c.n_layers * slot
         if not force and 2 * width > c.d_embed:
             return None
-        dt = v_in.dtype
+        dt = params["embed"].dtype if components is None else components["mlp_in"]["V"].dtype
         layers = {k: a.astype(dt) for k, a in params["layers"].items()}
         embed = params["embed"].astype(dt)
         rows = [embed]
         for layer in range(c.n_layers):
-            rows += [u_out[layer], layers["mlp_out"][layer]]
+            if components is not None:
+                rows.append(components["mlp_out"]["U"][layer])
+            rows.append(layers["mlp_out"][layer])
             if c.bias:
                 rows.append(layers["b_out"][layer][None])
         basis = jnp.concatenate(rows, axis=0)  # [R, d_embed]
         starts = [c.n_features + layer * slot for layer in range(c.n_layers)]
-        u_sel = jnp.stack([jnp.eye(c_out, width, s, dtype=dt) for s in starts])
         w_sel = jnp.stack([jnp.eye(c.d_mlp, width, s + c_out, dtype=dt) for s in starts])
         reduced_layers = {
             "mlp_in": jnp.einsum("rd,ldm->lrm", basis, layers["mlp_in"]),
@@ -181,11 +190,15 @@ class ResidMLPTarget:
             reduced_layers["b_in"] = layers["b_in"]
             b_at = [s + c_out + c.d_mlp for s in starts]
             reduced_layers["b_out"] = jnp.stack([jnp.eye(1, width, b, dtype=dt)[0] for b in b_at])
-        reduced_params = {"read": basis @ embed.T, "layers": reduced_layers}
-        reduced_components = {
-            "mlp_in": {"V": jnp.einsum("rd,ldc->lrc", basis, v_in), "U": u_in},
-            "mlp_out": {"V": v_out, "U": u_sel},
-        }
+        reduced_params = {"read": basis @ embed.T, "basis": basis, "layers": reduced_layers}
+        reduced_components = None
+        if components is not None:
+            comp_in, comp_out = components["mlp_in"], components["mlp_out"]
+            u_sel = jnp.stack([jnp.eye(c_out, width, s, dtype=dt) for s in starts])
+            reduced_components = {
+                "mlp_in": {"V": jnp.einsum("rd,ldc->lrc", basis, comp_in["V"]), "U": comp_in["U"]},
+                "mlp_out": {"V": comp_out["V"], "U": u_sel},
+            }
         reduced = ReducedResidMLP(config=attrs.evolve(c, d_embed=width), n_features=c.n_features)
         return reduced, reduced_params, reduced_components
 
@@ -204,7 +217,7 @@ class ResidMLPTarget:
 class ReducedResidMLP:
     """A :class:`ResidMLPTarget` whose stream holds coefficients in a basis of
     ``config.d_embed`` = R rows (:meth:`ResidMLPTarget.reduced_stream` builds it and its params:
-    ``{"read": [R, F], "layers": {"mlp_in": [L, R, d_mlp], "mlp_out": [L, d_mlp, R]}}``, with
+    ``{"read": [R, F], "basis": [R, d_embed], "layers": {"mlp_in": [L, R, d_mlp], "mlp_out": [L, d_mlp, R]}}``, with
     bias also ``"b_in": [L, d_mlp], "b_out": [L, R]``). The layer is the residual MLP's; the
     stream enters as x padded with zeros to R (x on E's rows) and is read off through ``read``
     (B·Eᵀ). Inputs [B, T, F] -> outputs [B, T, F]."""
@@ -215,6 +228,11 @@ class ReducedResidMLP:
     @property
     def kinds(self) -> tuple[str, ...]:
         return ("mlp_in", "mlp_out")
+
+    @property
+    def stream_kinds(self) -> tuple[str, ...]:
+        """The kinds whose input is the stream (coefficients on ``params["basis"]``)."""
+        return ("mlp_in",)
 
     @property
     def n_layers(self) -> int:
@@ -234,7 +252,7 @@ class ReducedResidMLP:
         k_layers, k_read = jax.random.split(key)
         layers = ResidMLPTarget(config=c).init_params(key=k_layers, dtype=dtype)["layers"]
         read = jax.random.normal(k_read, (c.d_embed, self.n_features), dtype)
-        return {"read": read, "layers": layers}
+        return {"read": read, "layers": layers}  # (no basis: its width is the original model's)
 
     def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
         del params
