@@ -365,10 +365,11 @@ def masked_forward(
 
 
 def _reduced(
-    spec: ForwardSpec, target: Tree, components: Mapping[str, Mapping[str, jax.Array]]
-) -> tuple[ForwardSpec, Tree, Mapping[str, Mapping[str, jax.Array]]] | None:
+    spec: ForwardSpec, target: Tree, components: Mapping[str, Mapping[str, jax.Array]] | None
+) -> tuple[ForwardSpec, Tree, Any] | None:
     """(spec, target params, components) of the target's ``reduced_stream`` where
-    ``spec.reduce_stream`` asks for it and the target offers it, else None."""
+    ``spec.reduce_stream`` asks for it and the target offers it, else None. ``components``
+    None: the frozen model's (the clean forward's; components None)."""
     reduce = getattr(spec.target, "reduced_stream", None)
     if spec.reduce_stream == "never" or reduce is None:
         return None
