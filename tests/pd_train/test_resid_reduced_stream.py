@@ -184,3 +184,34 @@ def test_reduced_stream_clean_run_gives_the_ci_the_same_inputs(n_layers: int, bi
         scale = float(jnp.max(jnp.abs(b))) + 1e-12
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * scale)
     assert any(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree_util.tree_leaves(got_g))
+
+
+def test_auto_reduces_only_where_the_basis_is_narrow() -> None:
+    """``auto`` (``force=False``): resid_mlp1's recipe (C 100: R = 100 + 100 + 50 = 250 of 1000)
+    is reduced, resid_mlp2's (C 400: R = 100 + 2·(400 + 25) = 950) is not; the clean forward's
+    basis has no component slots (R = 100 + L·d_mlp); a decomposition of some layers only is
+    never reduced."""
+    from pd_train.targets.toys import make_target, toy_config, toy_weights
+
+    for name, c_out, want in [("resid_mlp1", 100, 250), ("resid_mlp2", 400, None)]:
+        toy = toy_config(name)
+        target = make_target(toy)
+        cfg = target.config
+        params = jax.tree_util.tree_map(jnp.asarray, toy_weights(name))
+        comps = {
+            "mlp_in": {
+                "V": jnp.zeros((cfg.n_layers, cfg.d_embed, c_out)),
+                "U": jnp.zeros((cfg.n_layers, c_out, cfg.d_mlp)),
+            },
+            "mlp_out": {
+                "V": jnp.zeros((cfg.n_layers, cfg.d_mlp, c_out)),
+                "U": jnp.zeros((cfg.n_layers, c_out, cfg.d_embed)),
+            },
+        }
+        out = target.reduced_stream(params, comps, force=False)
+        assert (None if out is None else out[0].config.d_embed) == want, name
+        clean = target.reduced_stream(params, None, force=False)
+        assert clean is not None and clean[0].config.d_embed == 100 + cfg.n_layers * cfg.d_mlp
+        assert clean[1]["basis"].shape == (100 + cfg.n_layers * cfg.d_mlp, cfg.d_embed)
+        partial = {k: {n: a[:0] for n, a in v.items()} for k, v in comps.items()}
+        assert target.reduced_stream(params, partial, force=True) is None
