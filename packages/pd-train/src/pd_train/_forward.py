@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import jax
@@ -58,6 +58,11 @@ class ForwardSpec:
     save_sources: bool = True
     #: False: live sites output ((x@V)·m)@U (no delta component, no delta channel drawn).
     use_delta: bool = True
+    #: Whether the masked forward runs a target's ``reduced_stream`` (:mod:`pd_train.targets.base`)
+    #: instead of its own stream: ``"auto"`` where the target offers it and finds it cheaper,
+    #: ``"always"`` wherever it offers it, ``"never"``. The clean forward (the CI's inputs) always
+    #: runs the target itself.
+    reduce_stream: Literal["auto", "always", "never"] = "auto"
     #: ``constrain(x [B, ...]) -> x`` keeps activations batch-sharded (identity without a mesh).
     constrain: Callable[[jax.Array], jax.Array] = attrs.field(default=lambda x: x, eq=False)
 
@@ -141,22 +146,83 @@ def _lookup_rows(tokens: jax.Array, table: jax.Array) -> jax.Array:
     return jnp.take(table, tokens, axis=0)
 
 
+@jax.tree_util.register_pytree_node_class
+class StreamCoefficients:
+    """A site input on a reduced stream, as the CI sees it: x = coeffs·basis, never formed.
+    ``x @ w`` is ``coeffs @ (basis @ w)``; ``dtype`` and ``shape`` are x's. coeffs [B, T, R],
+    basis [R, d_in]. Only what a CI function that reads ``x @ V`` uses is defined."""
+
+    def __init__(self, coeffs: jax.Array, basis: jax.Array) -> None:
+        self.coeffs, self.basis = coeffs, basis
+
+    @property
+    def dtype(self) -> Any:
+        return self.coeffs.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.coeffs.shape[:-1], self.basis.shape[-1])
+
+    def __matmul__(self, w: jax.Array) -> jax.Array:
+        return self.coeffs @ (self.basis @ w.astype(self.basis.dtype))
+
+    def tree_flatten(self) -> tuple[tuple[jax.Array, jax.Array], None]:
+        return (self.coeffs, self.basis), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, leaves: Any) -> StreamCoefficients:
+        del aux
+        return cls(*leaves)
+
+
 class CleanRunner:
     """The frozen target on one batch, as :class:`pd_train.ci.CleanRun`.
 
     After :meth:`run`, ``stream`` holds the clean residual stream [L + 1, B, T, hidden]: the
     input of every layer, then the last layer's output. Masked forwards reuse it: up to their
     first live layer they equal the clean forward, so they copy it instead of recomputing.
+
+    ``ci_reads_inner``: the CI function reads a site only as ``x @ V`` (its
+    ``reads_inner_only``). Then a target with a ``reduced_stream`` (``spec.reduce_stream``) runs
+    on its reduced stream and ``site_fn`` gets the stream sites' inputs as
+    :class:`StreamCoefficients` (the same x@V up to rounding); ``stream`` is formed from the
+    coefficients (under jit, only if something reads it).
     """
 
-    def __init__(self, spec: ForwardSpec, target: Tree, tokens: jax.Array) -> None:
+    def __init__(
+        self, spec: ForwardSpec, target: Tree, tokens: jax.Array, *, ci_reads_inner: bool = False
+    ) -> None:
         self.spec, self.target, self.tokens = spec, target, tokens
+        self.ci_reads_inner = ci_reads_inner
         self.stream: jax.Array | None = None
 
     def run(
         self, site_fn: Callable[[str, jax.Array, Any], Any], site_xs: Mapping[str, Any]
     ) -> tuple[jax.Array, dict[str, Any]]:
-        spec = self.spec
+        reduced = _reduced(self.spec, self.target, None) if self.ci_reads_inner else None
+        if reduced is None:
+            return self._run(self.spec, self.target, site_fn, site_xs)
+        spec, target, _ = reduced
+        basis = target["basis"]
+        stream_kinds = spec.target.stream_kinds  # type: ignore[attr-defined]
+
+        def reduced_site_fn(kind: str, x: jax.Array, xs: Any) -> Any:
+            if kind in stream_kinds:
+                x = StreamCoefficients(x, jax.lax.stop_gradient(basis))  # type: ignore[assignment]
+            return site_fn(kind, x, xs)
+
+        logits, outputs = self._run(spec, target, reduced_site_fn, site_xs)
+        assert self.stream is not None
+        self.stream = self.stream @ jax.lax.stop_gradient(basis)
+        return logits, outputs
+
+    def _run(
+        self,
+        spec: ForwardSpec,
+        target: Tree,
+        site_fn: Callable[[str, jax.Array, Any], Any],
+        site_xs: Mapping[str, Any],
+    ) -> tuple[jax.Array, dict[str, Any]]:
         arch = spec.target
         outputs: dict[str, list[Any]] = {k: [] for k in site_xs}
         lookup = None
@@ -166,10 +232,10 @@ class CleanRunner:
                 outputs[kind].append(_stack1(site_fn(kind, tokens, _first(site_xs[kind]))))
                 return _lookup_rows(tokens, table)
 
-        h, ctx = _start(spec, self.target, self.tokens, lookup)
+        h, ctx = _start(spec, target, self.tokens, lookup)
         stream: list[jax.Array] = []
         for seg in spec.decomposition.segments:
-            layers = _slice(self.target["layers"], seg.start, seg.size)
+            layers = _slice(target["layers"], seg.start, seg.size)
             kinds = [k for k in seg.kinds if k in site_xs]
             if not kinds:
                 body = _frozen_body(spec, ctx, collect=True)
@@ -204,7 +270,7 @@ class CleanRunner:
                 outputs[kind].append(_stack1(site_fn(kind, x, _first(site_xs[kind]))))
                 return x @ w.astype(x.dtype)
 
-        logits = _finish(spec, self.target, h, head)
+        logits = _finish(spec, target, h, head)
         joined = {
             k: jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=0), *v)
             for k, v in outputs.items()
@@ -254,7 +320,15 @@ def masked_forward(
     specialized at trace time — it starts at the first live layer, runs of frozen layers scan the
     plain layer, live layers scan a body with their live kinds wired in, no branches (what an
     unrolled chunk loop traces).
+
+    A target with a ``reduced_stream`` (the residual MLP; ``spec.reduce_stream``) runs on its
+    reduced stream instead, from layer 0 (``clean_stream`` unused): the same output, the same
+    sites' values, CI and sources, up to float rounding.
     """
+    reduced = _reduced(spec, target, components)
+    if reduced is not None:  # the same function on a narrower stream, from layer 0
+        spec, target, components = reduced
+        clean_stream = None
     m = _MaskedInputs(
         spec=spec,
         target=target,
@@ -290,6 +364,22 @@ def masked_forward(
         for run in _layer_runs(m, seg, seg_live, first):
             h = _masked_run(m, seg, (cols, seg_live), run, h, ctx, first)
     return _finish(spec, target, h, head)
+
+
+def _reduced(
+    spec: ForwardSpec, target: Tree, components: Mapping[str, Mapping[str, jax.Array]] | None
+) -> tuple[ForwardSpec, Tree, Any] | None:
+    """(spec, target params, components) of the target's ``reduced_stream`` where
+    ``spec.reduce_stream`` asks for it and the target offers it, else None. ``components``
+    None: the frozen model's (the clean forward's; components None)."""
+    reduce = getattr(spec.target, "reduced_stream", None)
+    if spec.reduce_stream == "never" or reduce is None:
+        return None
+    out = reduce(target, components, force=spec.reduce_stream == "always")
+    if out is None:
+        return None
+    model, params, comps = out
+    return attrs.evolve(spec, model=model, reduce_stream="never"), params, comps
 
 
 @attrs.frozen(kw_only=True, eq=False)

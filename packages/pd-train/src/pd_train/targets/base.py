@@ -23,6 +23,13 @@ takes ``linear``. ``output_loss`` names how the recon loss compares a masked
 output with the clean one: ``"kl"`` (logits, KL(clean ‖ masked) over the last axis) or
 ``"mse"`` (activations, mean squared error).
 
+A target may also offer ``reduced_stream(params, components, *, force) -> (target', params',
+components') | None``: the same function and site values with a narrower stream (e.g. the
+residual MLP's, whose stream lies in the span of a few hundred batch-independent rows). The
+masked forward then runs ``target'`` on ``params'`` and ``components'`` (same kinds, sites, CI
+and sources; only the stream and the matrices touching it differ). None: not reducible, or
+(unless ``force``) not cheaper. See :func:`pd_train._forward.masked_forward`.
+
 Inputs are [B, T, ...] (tokens [B, T] for a language model, features [B, 1, n_features] for a
 toy model): every site sees x [B, T, d_in], so the CI functions and masks work per position.
 """

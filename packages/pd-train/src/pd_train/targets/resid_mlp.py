@@ -24,6 +24,7 @@ import optax
 from pd_train.targets.base import Linear
 
 __all__ = [
+    "ReducedResidMLP",
     "ResidMLPConfig",
     "ResidMLPTarget",
     "pretrain_resid_mlp",
@@ -129,6 +130,78 @@ class ResidMLPTarget:
     def finish(self, params: Any, h: jax.Array) -> jax.Array:
         return h @ params["embed"].T.astype(h.dtype)
 
+    def reduced_stream(
+        self,
+        params: Any,
+        components: Mapping[str, Mapping[str, jax.Array]] | None,
+        *,
+        force: bool,
+    ) -> tuple[ReducedResidMLP, Any, dict[str, dict[str, jax.Array]] | None] | None:
+        """The same model and components with the residual stream in a basis of R ≪ d_embed
+        rows (the optional ``reduced_stream`` capability of :mod:`pd_train.targets.base`).
+
+        Everything written to the stream lies in the span of the basis
+        B = [E; U_out[0]; W_out[0]; (b_out[0]); U_out[1]; …] [R, d_embed] (R = F + L·(C_out + d_mlp
+        (+ 1))): the embedding writes x (the first F coefficients), a layer's mlp_out its
+        component activations (U_out's rows), its δ-scaled or frozen ReLU outputs (W_out's rows)
+        and its bias. So with the stream held as coefficients h' [B, T, R] (h = h'·B), every
+        product of the stream against a matrix w becomes h'·(B·w), with B·w batch-independent:
+        mlp_in's W_in and V_in become B·W_in, B·V_in [L, R, ·]; mlp_out's W_out and U_out become
+        selectors of their rows' slots [·, R]; the read-off Eᵀ becomes B·Eᵀ [R, F]. The
+        function, the sites' inputs (x·W_in, x·V_in, ReLU outputs), their CI and the
+        gradients to every component are unchanged up to float rounding. (The reduced forward
+        compares no stream activations: only the output and the sites' values are the same.)
+
+        ``components`` None: the frozen model's reduced stream (no component slots, for the
+        clean forward; the components returned are None). The reduced params' ``basis``
+        [R, d_embed] gives the stream back (h = h'·basis); the reduced target's
+        ``stream_kinds`` (mlp_in) read it.
+
+        None when not every layer decomposes both kinds, or (unless ``force``) when R is more
+        than half of d_embed (the basis products would cost about what they save)."""
+        c = self.config
+        if components is not None:
+            stacks = {k: components.get(k) for k in self.kinds}
+            if any(s is None or s["V"].shape[0] != c.n_layers for s in stacks.values()):
+                return None
+        c_out = 0 if components is None else components["mlp_out"]["U"].shape[1]
+        slot = c_out + c.d_mlp + (1 if c.bias else 0)
+        width = c.n_features + c.n_layers * slot
+        if not force and 2 * width > c.d_embed:
+            return None
+        dt = params["embed"].dtype if components is None else components["mlp_in"]["V"].dtype
+        layers = {k: a.astype(dt) for k, a in params["layers"].items()}
+        embed = params["embed"].astype(dt)
+        rows = [embed]
+        for layer in range(c.n_layers):
+            if components is not None:
+                rows.append(components["mlp_out"]["U"][layer])
+            rows.append(layers["mlp_out"][layer])
+            if c.bias:
+                rows.append(layers["b_out"][layer][None])
+        basis = jnp.concatenate(rows, axis=0)  # [R, d_embed]
+        starts = [c.n_features + layer * slot for layer in range(c.n_layers)]
+        w_sel = jnp.stack([jnp.eye(c.d_mlp, width, s + c_out, dtype=dt) for s in starts])
+        reduced_layers = {
+            "mlp_in": jnp.einsum("rd,ldm->lrm", basis, layers["mlp_in"]),
+            "mlp_out": w_sel,
+        }
+        if c.bias:
+            reduced_layers["b_in"] = layers["b_in"]
+            b_at = [s + c_out + c.d_mlp for s in starts]
+            reduced_layers["b_out"] = jnp.stack([jnp.eye(1, width, b, dtype=dt)[0] for b in b_at])
+        reduced_params = {"read": basis @ embed.T, "basis": basis, "layers": reduced_layers}
+        reduced_components = None
+        if components is not None:
+            comp_in, comp_out = components["mlp_in"], components["mlp_out"]
+            u_sel = jnp.stack([jnp.eye(c_out, width, s, dtype=dt) for s in starts])
+            reduced_components = {
+                "mlp_in": {"V": jnp.einsum("rd,ldc->lrc", basis, comp_in["V"]), "U": comp_in["U"]},
+                "mlp_out": {"V": comp_out["V"], "U": u_sel},
+            }
+        reduced = ReducedResidMLP(config=attrs.evolve(c, d_embed=width), n_features=c.n_features)
+        return reduced, reduced_params, reduced_components
+
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         """The plain model: x [..., n_features] -> out [..., n_features]."""
         h, ctx = self.start(params, x, x.dtype)
@@ -138,6 +211,65 @@ class ResidMLPTarget:
 
         h, _ = jax.lax.scan(body, h, params["layers"])
         return self.finish(params, h)
+
+
+@attrs.frozen(kw_only=True)
+class ReducedResidMLP:
+    """A :class:`ResidMLPTarget` whose stream holds coefficients in a basis of
+    ``config.d_embed`` = R rows (:meth:`ResidMLPTarget.reduced_stream` builds it and its params:
+    ``{"read": [R, F], "basis": [R, d_embed], "layers": {"mlp_in": [L, R, d_mlp], "mlp_out": [L, d_mlp, R]}}``, with
+    bias also ``"b_in": [L, d_mlp], "b_out": [L, R]``). The layer is the residual MLP's; the
+    stream enters as x padded with zeros to R (x on E's rows) and is read off through ``read``
+    (B·Eᵀ). Inputs [B, T, F] -> outputs [B, T, F]."""
+
+    config: ResidMLPConfig
+    n_features: int
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("mlp_in", "mlp_out")
+
+    @property
+    def stream_kinds(self) -> tuple[str, ...]:
+        """The kinds whose input is the stream (coefficients on ``params["basis"]``)."""
+        return ("mlp_in",)
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def output_loss(self) -> Literal["kl", "mse"]:
+        return "mse"
+
+    def site_shapes(self) -> dict[str, tuple[int, int]]:
+        c = self.config
+        return {"mlp_in": (c.d_embed, c.d_mlp), "mlp_out": (c.d_mlp, c.d_embed)}
+
+    def init_params(self, *, key: jax.Array, dtype: Any = jnp.float32) -> Any:
+        """Params of the reduced shapes: the residual MLP's layers at width R, a random read."""
+        c = self.config
+        k_layers, k_read = jax.random.split(key)
+        layers = ResidMLPTarget(config=c).init_params(key=k_layers, dtype=dtype)["layers"]
+        read = jax.random.normal(k_read, (c.d_embed, self.n_features), dtype)
+        return {"read": read, "layers": layers}  # (no basis: its width is the original model's)
+
+    def start(self, params: Any, inputs: jax.Array, dtype: Any) -> tuple[jax.Array, Any]:
+        del params
+        pad = [(0, 0)] * (inputs.ndim - 1) + [(0, self.config.d_embed - self.n_features)]
+        return jnp.pad(inputs.astype(dtype), pad), None
+
+    def layer(
+        self,
+        h: jax.Array,
+        layer_params: Mapping[str, jax.Array],
+        ctx: Any,
+        linear: Linear | None = None,
+    ) -> jax.Array:
+        return ResidMLPTarget(config=self.config).layer(h, layer_params, ctx, linear)
+
+    def finish(self, params: Any, h: jax.Array) -> jax.Array:
+        return h @ params["read"].astype(h.dtype)
 
 
 def resid_mlp_features(

@@ -327,7 +327,12 @@ class Trainer(TrainerState, TrainerWarmup):
         params = inputs.params
         # Named scopes label the compiled step's ops by phase (profiles, HLO dumps).
         with jax.named_scope("pd.clean_ci"):
-            clean = CleanRunner(self.forward_spec, inputs.target, inputs.tokens)
+            clean = CleanRunner(
+                self.forward_spec,
+                inputs.target,
+                inputs.tokens,
+                ci_reads_inner=getattr(self.ci_fn, "reads_inner_only", False),
+            )
             clean_logits, pre = self.ci_fn.causal_importance(
                 params["ci_fn"], inputs.components, clean
             )
