@@ -35,14 +35,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pd_train._cache_files import EXECUTABLES_DIR, HINT_SUFFIX
+
 log = logging.getLogger("pd_train")
 
-#: Beside the executable cache's entries: ``HINT.hint.json`` (:func:`hint_key`).
-HINT_SUFFIX = ".hint.json"
-
-#: Where the executable cache's entries are, inside the compile cache's directory
-#: (:data:`pd_train.process_env.EXECUTABLES_DIR`, which imports JAX).
-_EXECUTABLES_DIR = "executables"
 
 #: Environment variables that change the backend or JAX's options: part of the hint.
 _ENV_PREFIXES = ("JAX_", "XLA_", "CUDA_", "TPU_", "NVIDIA_", "ROCR_", "HIP_")
@@ -78,7 +74,7 @@ def hint_key(raw: Mapping[str, Any], directory: Path) -> str:
     import sys
 
     from pd_train.config.hyperparameters import structural_leaves
-    from pd_train.process_env import _versions, source_digest
+    from pd_train.process_env import keyed_versions, source_digest
 
     structural = json.dumps(structural_leaves(raw), sort_keys=True, default=repr)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES))
@@ -88,7 +84,7 @@ def hint_key(raw: Mapping[str, Any], directory: Path) -> str:
         str(Path(directory).absolute()),
         source_digest(),
         sys.version,
-        list(_versions()),
+        list(keyed_versions()),
         env,
     ]
     return hashlib.sha256(repr(context).encode()).hexdigest()
@@ -117,7 +113,7 @@ class Preload:
     def __init__(self, key: str, directory: Path) -> None:
         self.key = key
         self.directory = Path(directory)
-        self.executables = self.directory / _EXECUTABLES_DIR
+        self.executables = self.directory / EXECUTABLES_DIR
         #: The step key the hint named (when its entry was stored), else None.
         self.guess: str | None = None
         self.outcome = "no hint"

@@ -20,6 +20,9 @@ from typing import Any
 
 import jax
 
+from pd_train._cache_files import EXECUTABLES_DIR as EXECUTABLES_DIR  # re-exported
+from pd_train._cache_files import HINT_SUFFIX
+
 log = logging.getLogger("pd_train")
 
 # The step's jit is named after its Python function; the dump filter keeps only its modules.
@@ -111,9 +114,6 @@ def configure_compile_cache(
     compilation_cache.reset_cache()
 
 
-#: The executable cache's folder inside the persistent compile cache's directory.
-EXECUTABLES_DIR = "executables"
-
 #: The first item of an entry's first pickle (the executable; its trees are a second pickle).
 #: An entry without it (stored before) is one pickle, trees first; both load.
 ENTRY_FORMAT = "pd-executable/2"
@@ -197,7 +197,7 @@ def _environment() -> list[Any]:
     :data:`UNKEYED_JAX_OPTIONS`)."""
     import sys
 
-    versions = list(_versions())
+    versions = list(keyed_versions())
     devices = jax.devices()
     config = sorted(
         (k, repr(v))
@@ -217,7 +217,7 @@ def _environment() -> list[Any]:
 
 
 @functools.cache
-def _versions() -> tuple[str, ...]:
+def keyed_versions() -> tuple[str, ...]:
     """``dist==version`` of each of :data:`KEYED_DISTRIBUTIONS` (read once per process: each
     read scans the installed distributions' metadata)."""
     import importlib.metadata
@@ -551,8 +551,6 @@ class ExecutableCache:
                 if not entry.exists() and time.time() - path.stat().st_mtime > 3600:
                     path.unlink()
         # Launch hints (pd_train._preload) that name an entry no longer stored.
-        from pd_train._preload import HINT_SUFFIX
-
         for path in self.directory.glob(f"*{HINT_SUFFIX}"):
             try:
                 step = json.loads(path.read_text()).get("step")
