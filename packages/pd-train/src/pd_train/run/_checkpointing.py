@@ -222,6 +222,7 @@ class Saver:
             self.checkpoints.close()
         for partial in partial_saves(self.checkpoints.directory):
             shutil.rmtree(partial, ignore_errors=True)
+        _after_a_failed_save(self.checkpoints.directory)
         kept = (
             f"the last good checkpoint is step {self.last_saved}"
             if self.last_saved is not None
@@ -235,6 +236,22 @@ class Saver:
             f"{kept}{resume}"
         )
         raise CheckpointWriteError(msg) from exc
+
+
+def _after_a_failed_save(directory: Path) -> None:
+    """The run ends with the save's error; orbax's threads of that save may outlive
+    ``close()`` (on a busy machine): they neither print their traceback later (orbax's log
+    stays silenced for the process's life) nor leave a partial save they recreated (removed
+    again at exit, after Python has joined those threads)."""
+    import atexit
+
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+    def remove_partials() -> None:
+        for partial in partial_saves(directory):
+            shutil.rmtree(partial, ignore_errors=True)
+
+    atexit.register(remove_partials)
 
 
 class _Held:

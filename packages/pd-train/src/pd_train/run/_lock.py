@@ -173,8 +173,13 @@ class RunDirLock:
                     raise RunDirLocked(self._refusal(who, foreign=True))
                 pid = owner.get("pid")
                 alive = not isinstance(pid, int) or _alive(pid, owner.get("start"))
-                if alive or locked is False:
+                if alive:
                     raise RunDirLocked(self._refusal(who))
+                if locked is False:
+                    # A dead owner's file whose fcntl lock another process holds: that process
+                    # is taking it over; look again at what it creates (not the dead owner).
+                    time.sleep(0.05)
+                    return False
                 log.warning(
                     "run dir %s: taking over the stale lock of %s (gone)", self.run_dir, who
                 )
