@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import pd_init
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun, site_inner
@@ -63,6 +64,21 @@ def component_mlp_rest(params: Mapping[str, jax.Array], h: jax.Array, n_hidden: 
 Pullback = Callable[[Any, jax.Array, jax.Array], tuple[Any, jax.Array]]
 
 
+#: The mesh axis over which :func:`blocked_over_rows` splits the batch when the context mesh
+#: (``jax.set_mesh``) has it with more than one device: pd-sharding's data axis.
+ROW_SHARD_AXIS = "data"
+
+
+def row_shard_axis(batch: int) -> str | None:
+    """:data:`ROW_SHARD_AXIS` where the context mesh (``jax.set_mesh``, seen while tracing) has
+    it with n > 1 devices and n divides ``batch``; else None (one device's program)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or ROW_SHARD_AXIS not in mesh.axis_names:
+        return None
+    n = mesh.shape[ROW_SHARD_AXIS]
+    return ROW_SHARD_AXIS if n > 1 and batch % n == 0 else None
+
+
 def blocked_over_rows(
     fn: Callable[[Any, jax.Array], jax.Array], block: int, pullback: Pullback | None = None
 ) -> Callable[[Any, jax.Array], jax.Array]:
@@ -87,7 +103,7 @@ def blocked_over_rows(
         rows = jnp.concatenate([full.reshape(-1, *full.shape[2:]), rest], axis=0)
         return rows.reshape(*like.shape[:2], *rows.shape[2:])
 
-    def forward(params: Any, inner: jax.Array) -> jax.Array:
+    def local_forward(params: Any, inner: jax.Array) -> jax.Array:
         blocks, rest = split(inner)
         out = jax.lax.map(functools.partial(fn, params), blocks)
         return join(out, fn(params, rest), inner)
@@ -98,15 +114,7 @@ def blocked_over_rows(
 
     pull = pullback or autodiff
 
-    @jax.custom_vjp
-    def blocked(params: Any, inner: jax.Array) -> jax.Array:
-        return forward(params, inner)
-
-    def blocked_fwd(params: Any, inner: jax.Array) -> tuple[jax.Array, Any]:
-        return forward(params, inner), (params, inner)
-
-    def blocked_bwd(res: Any, g: jax.Array) -> tuple[Any, jax.Array]:
-        params, inner = res
+    def local_backward(params: Any, inner: jax.Array, g: jax.Array) -> tuple[Any, jax.Array]:
         (x_blocks, x_rest), (g_blocks, g_rest) = split(inner), split(g)
 
         def body(acc: Any, xg: tuple[jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
@@ -117,6 +125,38 @@ def blocked_over_rows(
         acc, d_blocks = jax.lax.scan(body, zeros, (x_blocks, g_blocks))
         d_params, d_rest = pull(params, x_rest, g_rest)
         return jax.tree.map(jnp.add, acc, d_params), join(d_blocks, d_rest, inner)
+
+    def forward(params: Any, inner: jax.Array) -> jax.Array:
+        axis = row_shard_axis(inner.shape[0])
+        if axis is None:
+            return local_forward(params, inner)
+        return jax.shard_map(
+            local_forward, in_specs=(P(), P(axis)), out_specs=P(axis), check_vma=False
+        )(params, inner)
+
+    def backward(params: Any, inner: jax.Array, g: jax.Array) -> tuple[Any, jax.Array]:
+        axis = row_shard_axis(inner.shape[0])
+        if axis is None:
+            return local_backward(params, inner, g)
+
+        def shard(params: Any, inner: jax.Array, g: jax.Array) -> tuple[Any, jax.Array]:
+            d_params, d_inner = local_backward(params, inner, g)
+            return jax.lax.psum(d_params, axis), d_inner
+
+        return jax.shard_map(
+            shard, in_specs=(P(), P(axis), P(axis)), out_specs=(P(), P(axis)), check_vma=False
+        )(params, inner, g)
+
+    @jax.custom_vjp
+    def blocked(params: Any, inner: jax.Array) -> jax.Array:
+        return forward(params, inner)
+
+    def blocked_fwd(params: Any, inner: jax.Array) -> tuple[jax.Array, Any]:
+        return forward(params, inner), (params, inner)
+
+    def blocked_bwd(res: Any, g: jax.Array) -> tuple[Any, jax.Array]:
+        params, inner = res
+        return backward(params, inner, g)
 
     blocked.defvjp(blocked_fwd, blocked_bwd)
     return blocked

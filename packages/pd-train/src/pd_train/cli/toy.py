@@ -11,6 +11,8 @@ again)::
     log_every: 2000         # steps between loss records in metrics.jsonl (a multiple of K)
     eval_every: 0           # steps between ground-truth eval records (0: at the end only)
     save_every: 0           # steps between checkpoints (0: at the end, and at a stop, only)
+    devices: 1              # the steps data-parallel over this many devices (CPU: with
+                            # --simulate-devices N; docs/toys.md "Both cores")
 
 ``target`` describes the shipped weights and must agree with them (it is checked, not applied).
 ``pd`` is the toy's recipe (:class:`~pd_train.config.pd.PDConfig`, the same fields as a Llama run's
@@ -51,6 +53,7 @@ _TOP_KEYS = (
     "log_every",
     "eval_every",
     "save_every",
+    "devices",
 )
 _TARGET_TYPES = ("tms", "resid_mlp")
 
@@ -94,6 +97,7 @@ def _defaults(name: str) -> dict[str, Any]:
         "log_every": max(k, toy.pd.steps // 20 // k * k),
         "eval_every": 0,
         "save_every": 0,
+        "devices": 1,
     }
 
 
@@ -158,7 +162,7 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
             problems.append((key, f"unknown field; a toy config has {', '.join(_TOP_KEYS)}"))
     if (problem := seed_problem(raw["seed"])) is not None:
         problems.append(("seed", problem))
-    for key in ("steps_per_call", "log_every"):
+    for key in ("steps_per_call", "log_every", "devices"):
         if not _positive(raw[key]):
             problems.append((key, f"got {raw[key]!r}; must be an int >= 1"))
     for key in ("eval_every", "save_every"):
@@ -197,7 +201,13 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
                 )
     if problems:
         raise ConfigError(problems, source=source)
-    toy_pd_config(raw, source=source)
+    pd = toy_pd_config(raw, source=source)
+    from pd_train.targets.toys import toy_mesh
+
+    try:  # the process's devices and the batch (before a run dir is written)
+        toy_mesh(raw["devices"], batch_size=pd.batch_size)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=source) from None
     return raw
 
 
@@ -399,6 +409,7 @@ def _run_toy(
             resume=resume,
             hooks=(stop, progress),
             on_warmup=on_warmup,
+            devices=raw["devices"],
         )
     checkpoints.close()
     done = int(result["steps"])

@@ -78,6 +78,7 @@ from pd_train.train import Trainer, TrainState, step_key
 __all__ = [
     "ALIVE_WINDOW",
     "TOYS",
+    "TOY_DATA_AXIS",
     "CallTimes",
     "KStepPrograms",
     "Pretraining",
@@ -102,6 +103,7 @@ __all__ = [
     "toy_compiler_options",
     "toy_config",
     "toy_data",
+    "toy_mesh",
     "toy_trainer",
     "toy_training_item",
     "toy_weights",
@@ -239,7 +241,13 @@ def pure_step(trainer: Trainer) -> Callable[..., tuple[TrainState, dict[str, Any
 
 @attrs.frozen(kw_only=True)
 class KStepPrograms:
-    """The K-step programs of one decomposition (cached per K): :func:`decompose` runs them."""
+    """The K-step programs of one decomposition (cached per K): :func:`decompose` runs them.
+
+    ``mesh``: None (one device's program) or a 1-D mesh over the axis ``data``
+    (:func:`toy_mesh`): the batch split over its devices (the batch sharded, the step's
+    programs partitioned by XLA, the CI MLPs' blocks per device (:func:`pd_train.ci.mlp.
+    row_shard_axis`), the gradients summed over the devices); state and target replicated.
+    The same steps up to float rounding (the batch sums' order)."""
 
     trainer: Trainer
     draw: Callable[..., jax.Array]
@@ -248,6 +256,7 @@ class KStepPrograms:
     batch_size: int
     n_features: int
     feature_probability: float
+    mesh: Any = None
     cache: dict[int, Any] = attrs.field(factory=dict)
 
     def program(self, k: int) -> Any:
@@ -266,13 +275,72 @@ class KStepPrograms:
                         n_features=self.n_features,
                         feature_probability=self.feature_probability,
                     )
+                    if self.mesh is not None:
+                        x = jax.lax.with_sharding_constraint(x, self._batch_sharding())
                     return step(state, target, x, step_key(self.train_key, i))
 
                 return jax.lax.scan(body, state, None, length=k)
 
             options = {**toy_compiler_options(), **self.trainer.compiler_options}
-            self.cache[k] = jax.jit(run, donate_argnums=0, compiler_options=options or None)
+            if self.mesh is None:
+                self.cache[k] = jax.jit(run, donate_argnums=0, compiler_options=options or None)
+            else:
+                rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+                jitted = jax.jit(
+                    run,
+                    donate_argnums=0,
+                    compiler_options=options or None,
+                    in_shardings=(rep, rep),
+                    out_shardings=rep,
+                )
+
+                def call(state: TrainState, target: Any, jitted: Any = jitted) -> Any:
+                    with jax.set_mesh(self.mesh):
+                        return jitted(state, target)
+
+                self.cache[k] = call
         return self.cache[k]
+
+    def _batch_sharding(self) -> Any:
+        return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(TOY_DATA_AXIS))
+
+    def place(self, tree: Any) -> Any:
+        """``tree`` replicated over the mesh (as it is without one)."""
+        if self.mesh is None:
+            return tree
+        rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.device_put(tree, rep)
+
+
+#: The mesh axis of a data-parallel toy run (pd-sharding's data axis, the one
+#: :func:`pd_train.ci.mlp.row_shard_axis` splits the CI MLPs' rows over).
+TOY_DATA_AXIS = "data"
+
+
+def toy_mesh(devices: int, *, batch_size: int, field: str = "devices") -> Any:
+    """None for ``devices`` 1 (one device's program), else a 1-D mesh ``(data,)`` over the
+    process's first ``devices`` devices (axis type Auto: XLA partitions the step). ConfigError
+    naming ``field`` where ``devices`` is not an int >= 1, exceeds the process's devices (on the
+    CPU: ``--simulate-devices N`` / ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, set
+    before JAX starts) or does not divide ``batch_size``."""
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ConfigError([(field, f"got {devices!r}; must be an int >= 1")])
+    if devices == 1:
+        return None
+    have = jax.device_count()
+    if devices > have:
+        msg = (
+            f"got {devices}, but the process has {have} device(s); on the CPU start it with "
+            f"--simulate-devices {devices} (XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{devices}, set before JAX starts)"
+        )
+        raise ConfigError([(field, msg)])
+    if batch_size % devices:
+        msg = f"got {devices}; must divide pd.batch_size ({batch_size})"
+        raise ConfigError([(field, msg)])
+    from jax.sharding import AxisType, Mesh
+
+    return Mesh(np.array(jax.devices()[:devices]), (TOY_DATA_AXIS,), axis_types=(AxisType.Auto,))
 
 
 def _check_cadence(k: int, cadences: Mapping[str, int]) -> None:
@@ -317,6 +385,7 @@ def decompose(
     resume: bool = False,
     hooks: Sequence[Hook] = (),
     on_warmup: Callable[[int, float], None] | None = None,
+    devices: int = 1,
 ) -> tuple[Trainer, TrainState]:
     """``pd.steps`` train steps on batches [pd.batch_size, 1, n_features] of sparse features,
     ``steps_per_call`` (K) steps per dispatched program.
@@ -336,7 +405,9 @@ def decompose(
     many steps (the schedule stays that of ``pd.steps``). ``pd.faithfulness_warmup`` steps (if
     any) run before step 0 (not again on resume), ``on_warmup(i, faithfulness)`` after each.
     The steps run in :func:`pd_train.run.run_loop` (K per call), the callbacks and checkpoints
-    as its hooks, then ``hooks`` (e.g. a run's stop and progress hooks).
+    as its hooks, then ``hooks`` (e.g. a run's stop and progress hooks). ``devices``: the
+    K-step programs data-parallel over that many devices (:func:`toy_mesh`; 1: one device's
+    program): the same steps up to float rounding; the returned state is on the first device.
     """
     k = steps_per_call
     _check_cadence(
@@ -358,6 +429,7 @@ def decompose(
         batch_size=pd.batch_size,
         n_features=target.config.n_features,
         feature_probability=feature_probability,
+        mesh=toy_mesh(devices, batch_size=pd.batch_size),
     )
     target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
     if resume and checkpoints is not None and checkpoints.latest_step() is not None:
@@ -377,10 +449,11 @@ def decompose(
     elif pd.faithfulness_warmup.steps:
         state, _ = trainer.faithfulness_warmup(state, target_params, on_step=on_warmup)
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
+    state, placed_target = programs.place((state, target_params))
 
     def step_fn(state: TrainState, step: int, n: int = 1) -> tuple[TrainState, Any]:
         del step  # the programs read it from the state
-        return programs.program(n)(state, target_params)  # type: ignore[no-any-return]
+        return programs.program(n)(state, placed_target)  # type: ignore[no-any-return]
 
     loop_hooks: list[Hook] = [_InFlight()]
     if on_step is not None:
@@ -393,7 +466,9 @@ def decompose(
     info = run_loop(
         step_fn, loop_hooks, state=state, start=int(state.step), end=n_steps, steps_per_call=k
     )
-    return trainer, info.state
+    if programs.mesh is None:
+        return trainer, info.state
+    return trainer, jax.device_put(info.state, jax.devices()[0])
 
 
 class _InFlight(Hook):
@@ -1013,6 +1088,7 @@ def run_toy(
     trainer: Trainer | None = None,
     hooks: Sequence[Hook] = (),
     on_warmup: Callable[[int, float], None] | None = None,
+    devices: int = 1,
 ) -> tuple[dict[str, float], dict[str, np.ndarray], Any]:
     """Decompose the built-in toy ``name`` from its shipped weights; returns the ground-truth
     metrics (plus ``time_s``, ``steps_per_s``, ``samples_per_s``, final losses), the one-hot CI
@@ -1020,9 +1096,9 @@ def run_toy(
     ``steps`` replaces its step count). ``steps_per_call``: K (default the toy's); ``log_every``
     (default K) the cadence of ``on_step``; ``on_eval(n, metrics)``: the ground-truth metrics
     after every ``eval_every`` steps. ``plots``: a directory for :func:`write_plots`. ``hooks``,
-    ``on_warmup``, ``checkpoints``, ``resume``: as :func:`decompose`'s. The metrics' ``steps``:
-    the steps finished (fewer than asked when a hook stopped the run); the rates count this
-    attempt's steps."""
+    ``on_warmup``, ``checkpoints``, ``resume``, ``devices``: as :func:`decompose`'s. The metrics'
+    ``steps``: the steps finished (fewer than asked when a hook stopped the run); the rates
+    count this attempt's steps."""
     toy = toy_config(name)
     pd = pd or toy.pd
     pd = pd if steps is None else attrs.evolve(pd, steps=steps)
@@ -1062,6 +1138,7 @@ def run_toy(
         resume=resume,
         hooks=(first, *hooks),
         on_warmup=on_warmup,
+        devices=devices,
     )
     jax.block_until_ready(state.params)
     elapsed = time.perf_counter() - start
