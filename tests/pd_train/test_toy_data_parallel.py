@@ -23,6 +23,7 @@ from pd_train.config.io import ConfigError
 from pd_train.config.pd import FaithfulnessWarmup
 from pd_train.run.checkpoints import Checkpoints
 from pd_train.run.hooks import Hook, StepInfo
+from pd_train.sources import uniform
 from pd_train.targets.toys import (
     TOY_DATA_AXIS,
     decompose,
@@ -156,3 +157,22 @@ def test_a_device_count_the_process_or_batch_cannot_serve_is_refused_by_field() 
     with pytest.raises(ConfigError, match=r"devices: got 3; must divide pd.batch_size \(4096\)"):
         load_toy_config("builtin:tms_5_2", ["devices=3"])
     assert load_toy_config("builtin:tms_5_2", ["devices=2"])["devices"] == 2
+
+
+@pytest.mark.parametrize("shape", [(4096, 1, 21), (6, 1, 3), (2, 70001), (5, 3)])
+def test_blocked_draws_under_a_mesh_draw_each_devices_rows_with_jaxs_bits(
+    shape: tuple[int, ...],
+) -> None:
+    key = jax.random.fold_in(jax.random.key(7), 3)
+    want = np.asarray(jax.random.uniform(key, shape))
+    mesh = toy_mesh(2, batch_size=2)
+
+    def draw(key: jax.Array) -> jax.Array:
+        return uniform(key, shape, draws="blocked")
+
+    with jax.set_mesh(mesh):
+        got = np.asarray(jax.jit(draw)(key))
+        jaxpr = str(jax.make_jaxpr(draw)(key))
+    np.testing.assert_array_equal(got, want)
+    # Rows that split evenly over the 2 devices are drawn per device; others as one program.
+    assert ("shard_map" in jaxpr) == (shape[0] % 2 == 0)

@@ -18,8 +18,10 @@ row-major index as the 64-bit counter) written out as 20 rounds, in a ``lax.scan
 two blocks of the flat index, so XLA:CPU computes each draw once into its buffer (written out
 without the loop, XLA fuses the hash into every consumer of the draw, forward and backward, and
 computes it again in each: measured 5-6x the work); ~2.6x cheaper a draw on CPU. A scan over
-the flat index is not batch-partitionable, so ``blocked`` is for single-device programs (the
-toys). Where the key is not a Threefry key, ``jax_threefry_partitionable`` is off, or the dtype
+the flat index is not batch-partitionable: traced under a mesh with a data axis
+(:func:`pd_train.ci.mlp.row_shard_axis`, a data-parallel toy step) each device draws the flat
+indices of its own rows (a ``shard_map``; the same bits); otherwise the program is one
+device's. Where the key is not a Threefry key, ``jax_threefry_partitionable`` is off, or the dtype
 is not float32, ``blocked`` draws as ``jax`` does.
 """
 
@@ -115,16 +117,37 @@ def uniform(
     if draws == "jax" or n == 0 or not _blocked_applies(key, n, dtype):
         return jax.random.uniform(key, shape, dtype)
     words = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    from pd_train.ci.mlp import row_shard_axis  # a data-parallel toy step's batch axis
+
+    axis = row_shard_axis(shape[0]) if len(shape) > 1 else None
+    if axis is None:
+        return _blocked_bits(words, 0, n).reshape(shape)
+    devices = jax.sharding.get_abstract_mesh().shape[axis]
+
+    def local(words: jax.Array) -> jax.Array:
+        """This device's rows: the flat indices [d·n/devices, (d+1)·n/devices)."""
+        offset = jax.lax.axis_index(axis).astype(jnp.uint32) * np.uint32(n // devices)
+        rows = _blocked_bits(words, offset, n // devices)
+        return rows.reshape(shape[0] // devices, *shape[1:])
+
+    spec = jax.sharding.PartitionSpec
+    return jax.shard_map(local, in_specs=spec(), out_specs=spec(axis), check_vma=False)(words)
+
+
+def _blocked_bits(words: jax.Array, offset: Any, n: int) -> jax.Array:
+    """The ``blocked`` draw's U[0, 1) of the flat indices offset .. offset + n - 1 [n]: a
+    ``lax.scan`` over at least two blocks."""
     n_blocks = max(2, -(-n // DRAW_BLOCK))
     size = -(-n // n_blocks)
 
     def block(_: None, i: jax.Array) -> tuple[None, jax.Array]:
         lo = jax.lax.iota(jnp.uint32, size) + i * np.uint32(size)
+        lo = lo if isinstance(offset, int) and offset == 0 else lo + offset
         a, b = threefry2x32(words[0], words[1], jnp.zeros_like(lo), lo)
         return None, _unit_float(a ^ b)
 
     _, out = jax.lax.scan(block, None, jnp.arange(n_blocks, dtype=jnp.uint32))
-    return out.reshape(-1)[:n].reshape(shape)
+    return out.reshape(-1)[:n]
 
 
 def sample_source(

@@ -15,7 +15,9 @@ batch from the step number; at most two calls in flight). On XLA:CPU a call cost
 its steps once malloc keeps the programs' temporaries (:func:`keep_freed_memory`); where a
 dispatch costs more than a toy step (an accelerator) the K-step programs remove it. Logging,
 eval and checkpoints keep their cadence (each a multiple of K); a run resumed from a
-checkpoint at the same K is bit-exact.
+checkpoint at the same K is bit-exact. ``devices`` N > 1 runs the steps data-parallel over N
+devices (:func:`toy_mesh`; on the CPU N simulated host devices, one core each): the same steps
+up to float rounding.
 
 :func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot
 feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``). pd's earlier,
