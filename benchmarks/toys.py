@@ -3,6 +3,7 @@ metrics, beside the paper's values; then the K-step programs against one step pe
 
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
         [--rate-toys tms_5_2 ...] [--rate-steps 2000] [--ynn-fusions TYPES] [--malloc-default]
+        [--devices N]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -28,6 +29,10 @@ fusions the CI MLPs' multiply-reduce fusions over [B, 1, C, d_gate] were the ste
 cost; a TMS 5-2 step at batch 4096 cost 93 ms CPU with them, 45 ms without; docs/toys.md).
 ``--ynn-fusions TYPES`` puts ``--xla_cpu_experimental_ynn_fusion_type=TYPES`` in XLA_FLAGS
 before JAX starts (e.g. ``dot,reduce``), which the toy programs then leave to XLA.
+
+``--devices N`` (default 1) runs every toy run and both rate arms data-parallel over N devices
+(``run_toy(devices=N)``; on the CPU the process gets N simulated host devices, set in XLA_FLAGS
+before JAX starts: one core each; docs/toys.md "Both cores").
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
     return fmt.format(metrics[key]) if key in metrics else "—"
 
 
+#: ``--devices``: the toy runs' data-parallel devices.
+DEVICES = 1
+
+
 def run_table(name: str, seeds: list[int]) -> bool:
     """Decompose ``name`` on each seed, print its table; whether every seed reproduced."""
     from pd_train.targets.toys import TOYS, run_toy, toy_config
@@ -59,7 +68,7 @@ def run_table(name: str, seeds: list[int]) -> bool:
     ok = True
     for seed in seeds:
         cpu = time.process_time()
-        m, ci, _ = run_toy(name, seed=seed)
+        m, ci, _ = run_toy(name, seed=seed, devices=DEVICES)
         cpu = time.process_time() - cpu
         alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive_one_hot/{s}']:.0f}" for s in ci)
         ok &= m["reproduced"] == 1.0
@@ -100,7 +109,7 @@ def step_rate(name: str, k: int, steps: int) -> tuple[float, float, float]:
     times = CallTimes(log_every)
     run_toy(
         name, pd=pd, steps_per_call=k, log_every=log_every, hooks=(times,),
-        trainer=toy_trainer(make_target(toy), pd),
+        trainer=toy_trainer(make_target(toy), pd), devices=DEVICES,
     )  # fmt: skip
     _, rate, per_cpu = times.rate()
     return rate, rate * pd.batch_size, per_cpu
@@ -126,7 +135,13 @@ def main() -> None:
         "--malloc-default", action="store_true",
         help="leave glibc's malloc thresholds as they are (no keep_freed_memory)",
     )  # fmt: skip
+    parser.add_argument("--devices", type=int, default=1, help="data-parallel devices")
     args = parser.parse_args()
+    global DEVICES
+    DEVICES = args.devices
+    if args.devices > 1:
+        flag = f"--xla_force_host_platform_device_count={args.devices}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     if args.ynn_fusions is not None:
         flag = f"{YNN_FLAG}={args.ynn_fusions}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
@@ -139,7 +154,7 @@ def main() -> None:
     ynn = "off (the toy programs' default)" if args.ynn_fusions is None else args.ynn_fusions
     print(f"XLA:CPU YNN fusions {ynn}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     malloc = "glibc default" if args.malloc_default else "keep_freed_memory()"
-    print(f"malloc: {malloc}; load average {os.getloadavg()[0]:.1f}")
+    print(f"malloc: {malloc}; devices {DEVICES}; load average {os.getloadavg()[0]:.1f}")
     ok = {name: run_table(name, args.seeds) for name in args.toys}
     print(
         "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "
