@@ -31,6 +31,8 @@ CASES = [
     ("tms_5_2_id_fast", 1),
     ("tms_40_10_fast", 0),
     ("tms_40_10_fast", 1),
+    ("tms_40_10_id_fast", 0),
+    ("tms_40_10_id_fast", 1),
 ]
 
 
