@@ -23,6 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import attrs
 import jax
 import jax.numpy as jnp
+from _arms import time_alternating
 
 from pd_train.sources import uniform
 from pd_train.targets import toys as T
@@ -91,24 +92,12 @@ def main() -> None:
         big = T.toy_config(name).pd.decomposition_targets[0].C > 20
         k = args.k or (10 if big else 50)
         built = {d: step_program(name, d, k) for d in ARMS}
-        best = {d: (float("inf"), float("inf")) for d in ARMS}
-        loss = {}
-        for _ in range(args.repeats):
-            for d in ARMS:  # alternating
-                program, state, weights = built[d]
-                cpu, wall = time.process_time(), time.perf_counter()
-                for _ in range(args.calls):
-                    state, metrics = program(state, weights)  # type: ignore[operator]
-                    jax.block_until_ready(metrics)
-                n = k * args.calls
-                cpu_ms = (time.process_time() - cpu) / n * 1e3
-                wall_ms = (time.perf_counter() - wall) / n * 1e3
-                best[d] = min(best[d], (cpu_ms, wall_ms))
-                built[d] = (program, state, weights)
-                loss[d] = float(metrics["loss/total"][-1])  # type: ignore[index]
+        best, loss = time_alternating(
+            built, k=k, calls=args.calls, repeats=args.repeats, best_by="cpu"
+        )
         for d in ARMS:
-            print(f"| {name} | {k} | {d} | {best[d][0]:.1f} | {best[d][1]:.1f} | {loss[d]:.6g} |")
-        ratio = best["jax"][0] / best["blocked"][0]
+            print(f"| {name} | {k} | {d} | {best[d][1]:.1f} | {best[d][0]:.1f} | {loss[d]:.6g} |")
+        ratio = best["jax"][1] / best["blocked"][1]
         print(f"{name}: blocked draws {ratio:.2f}x the CPU of jax's a step", flush=True)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 
 def _parse() -> argparse.Namespace:
@@ -41,6 +40,7 @@ if ARGS is not None:
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from _arms import time_alternating  # noqa: E402
 
 from pd_train.targets import toys as T  # noqa: E402
 
@@ -76,21 +76,9 @@ def main() -> None:
         big = T.toy_config(name).pd.decomposition_targets[0].C > 20
         k = ARGS.k or (5 if big else 50)
         built = {n: step_program(name, n, k) for n in ARGS.devices}
-        best = {n: (float("inf"),) * 2 for n in ARGS.devices}
-        loss = {}
-        for _ in range(ARGS.repeats):
-            for n in ARGS.devices:  # alternating
-                program, state, weights = built[n]
-                cpu, wall = time.process_time(), time.perf_counter()
-                for _ in range(ARGS.calls):
-                    state, metrics = program(state, weights)  # type: ignore[operator]
-                    jax.block_until_ready(metrics)
-                steps = k * ARGS.calls
-                cpu_ms = (time.process_time() - cpu) / steps * 1e3
-                wall_ms = (time.perf_counter() - wall) / steps * 1e3
-                best[n] = min(best[n], (wall_ms, cpu_ms))
-                built[n] = (program, state, weights)
-                loss[n] = float(metrics["loss/total"][-1])  # type: ignore[index]
+        best, loss = time_alternating(
+            built, k=k, calls=ARGS.calls, repeats=ARGS.repeats, best_by="wall"
+        )
         for n in ARGS.devices:
             wall_ms, cpu_ms = best[n]
             rate = 1e3 / wall_ms

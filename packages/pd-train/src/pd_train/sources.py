@@ -19,7 +19,7 @@ two blocks of the flat index, so XLA:CPU computes each draw once into its buffer
 without the loop, XLA fuses the hash into every consumer of the draw, forward and backward, and
 computes it again in each: measured 5-6x the work); ~2.6x cheaper a draw on CPU. A scan over
 the flat index is not batch-partitionable: traced under a mesh with a data axis
-(:func:`pd_train.ci.mlp.row_shard_axis`, a data-parallel toy step) each device draws the flat
+(:func:`pd_train._row_shards.row_shard_axis`, a data-parallel toy step) each device draws the flat
 indices of its own rows (a ``shard_map``; the same bits); otherwise the program is one
 device's. Where the key is not a Threefry key, ``jax_threefry_partitionable`` is off, or the dtype
 is not float32, ``blocked`` draws as ``jax`` does.
@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pd_train._row_shards import row_shard_axis
 from pd_train.squash import unit_clip
 
 __all__ = [
@@ -117,8 +118,6 @@ def uniform(
     if draws == "jax" or n == 0 or not _blocked_applies(key, n, dtype):
         return jax.random.uniform(key, shape, dtype)
     words = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    from pd_train.ci.mlp import row_shard_axis  # a data-parallel toy step's batch axis
-
     axis = row_shard_axis(shape[0]) if len(shape) > 1 else None
     if axis is None:
         return _blocked_bits(words, 0, n).reshape(shape)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pd_init
+from pd_train._row_shards import row_shard_axis
 from pd_train.ci._base import ParamSpec, SiteCIFunction, gelu, he, lecun, site_inner
 from pd_train.ci._registry import CIType, register_ci_type
 from pd_train.config.pd import MLPCI
@@ -62,21 +63,6 @@ def component_mlp_rest(params: Mapping[str, jax.Array], h: jax.Array, n_hidden: 
 
 
 Pullback = Callable[[Any, jax.Array, jax.Array], tuple[Any, jax.Array]]
-
-
-#: The mesh axis over which :func:`blocked_over_rows` splits the batch when the context mesh
-#: (``jax.set_mesh``) has it with more than one device: pd-sharding's data axis.
-ROW_SHARD_AXIS = "data"
-
-
-def row_shard_axis(batch: int) -> str | None:
-    """:data:`ROW_SHARD_AXIS` where the context mesh (``jax.set_mesh``, seen while tracing) has
-    it with n > 1 devices and n divides ``batch``; else None (one device's program)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or ROW_SHARD_AXIS not in mesh.axis_names:
-        return None
-    n = mesh.shape[ROW_SHARD_AXIS]
-    return ROW_SHARD_AXIS if n > 1 and batch % n == 0 else None
 
 
 def blocked_over_rows(

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pd_train._forward import CleanRunner
+from pd_train._row_shards import ROW_SHARD_AXIS
 from pd_train.analysis.ground_truth import (
     component_neuron_contributions,
     ground_truth_table,
@@ -247,7 +248,7 @@ class KStepPrograms:
 
     ``mesh``: None (one device's program) or a 1-D mesh over the axis ``data``
     (:func:`toy_mesh`): the batch split over its devices (the batch sharded, the step's
-    programs partitioned by XLA, the CI MLPs' blocks per device (:func:`pd_train.ci.mlp.
+    programs partitioned by XLA, the CI MLPs' blocks per device (:func:`pd_train._row_shards.
     row_shard_axis`), the gradients summed over the devices); state and target replicated.
     The same steps up to float rounding (the batch sums' order)."""
 
@@ -315,8 +316,8 @@ class KStepPrograms:
 
 
 #: The mesh axis of a data-parallel toy run (pd-sharding's data axis, the one
-#: :func:`pd_train.ci.mlp.row_shard_axis` splits the CI MLPs' rows over).
-TOY_DATA_AXIS = "data"
+#: :func:`pd_train._row_shards.row_shard_axis` splits the CI MLPs' rows and the draws over).
+TOY_DATA_AXIS = ROW_SHARD_AXIS
 
 
 def toy_mesh(devices: int, *, batch_size: int, field: str = "devices") -> Any:
