@@ -241,17 +241,43 @@ class Saver:
 def _after_a_failed_save(directory: Path) -> None:
     """The run ends with the save's error; orbax's threads of that save may outlive
     ``close()`` (on a busy machine): they neither print their traceback later (orbax's log
-    stays silenced for the process's life) nor leave a partial save they recreated (removed
+    stays silenced for the process's life, and so do the closed event loops' callbacks:
+    :func:`_drop_closed_loop_callbacks`) nor leave a partial save they recreated (removed
     again at exit, after Python has joined those threads)."""
     import atexit
 
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+    _drop_closed_loop_callbacks()
 
     def remove_partials() -> None:
         for partial in partial_saves(directory):
             shutil.rmtree(partial, ignore_errors=True)
 
     atexit.register(remove_partials)
+
+
+def _drop_closed_loop_callbacks() -> None:
+    """From now on, drop what the failed save's pending tensorstore reads and writes report
+    when they end after orbax closed their event loop: each one's done-callback calls
+    ``loop.call_soon_threadsafe``, whose ``RuntimeError('Event loop is closed')`` tensorstore
+    hands to :data:`sys.unraisablehook` (by default, a traceback on stderr, after the run's
+    one-line error); asyncio's "Task was destroyed but it is pending" for their tasks, too.
+    Every other unraisable exception still reaches the previous hook."""
+    import sys
+
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        closed_loop = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+        if not (closed_loop and unraisable.object is None):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 class _Held:
