@@ -18,7 +18,7 @@ to first step over the cold launch's), after a line with the value changes' medi
 ratios (on a shared machine the slowest of the wall times is mostly the other load's). Value fields must hit (issue 27, DESIGN decision 9);
 structural ones miss, as they must.
 
-    nice -n 10 python benchmarks/config_change.py [--only seed,pd.steps]
+    nice -n 10 python benchmarks/config_change.py [--only seed,pd.steps] [--pycache-prefix DIR]
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from time_to_first_step import first_step_seconds
+from time_to_first_step import (
+    bytecode_state,
+    cache_bytecode_in,
+    first_step_seconds,
+    python_loop_seconds,
+)
 
 #: (label, override) of each single-field change of the default config.
 CHANGES: tuple[tuple[str, str], ...] = (
@@ -93,9 +98,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="builtin:default")
     parser.add_argument("--only", help="comma-separated labels or paths of CHANGES to run")
+    parser.add_argument(
+        "--pycache-prefix",
+        type=Path,
+        help="launch with Python's bytecode cached in this directory (PYTHONPYCACHEPREFIX; "
+        "where PYTHONDONTWRITEBYTECODE is set, every launch compiles pd's modules otherwise)",
+    )
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.pycache_prefix is not None:
+        cache_bytecode_in(args.pycache_prefix)
+    print(
+        f"machine speed: a pure-Python loop of 30 M additions takes {python_loop_seconds():.2f} "
+        f"CPU s; Python imports: jax {bytecode_state()}, pd_train {bytecode_state('pd_train')}"
+    )
     changes = list(CHANGES)
     if args.only:
         wanted = set(args.only.split(","))

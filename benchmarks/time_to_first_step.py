@@ -102,21 +102,30 @@ def python_loop_seconds() -> float:
     return min(float(r.stdout) for r in runs)
 
 
-def bytecode_state() -> str:
-    """Whether a launch imports jax from cached bytecode (``.pyc``) or compiles it from source,
-    as this process's environment says (the launches inherit it)."""
+def bytecode_state(module: str = "jax") -> str:
+    """Whether a launch imports ``module`` from cached bytecode (``.pyc``) or compiles it from
+    source, as this process's environment says (the launches inherit it)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("jax")
+    spec = importlib.util.find_spec(module)
     origin = spec.origin if spec is not None else None
     if origin is None:
-        return "unknown (jax not found)"
+        return f"unknown ({module} not found)"
     pyc = Path(importlib.util.cache_from_source(origin))
     if pyc.exists():
         return f"cached bytecode ({pyc.parent})"
     if sys.dont_write_bytecode:
         return "compiled from source at every launch (no .pyc; PYTHONDONTWRITEBYTECODE is set)"
     return "compiled from source by the first launch, then cached"
+
+
+def cache_bytecode_in(prefix: Path) -> None:
+    """Launches from now on write and read Python's bytecode in ``prefix``
+    (PYTHONPYCACHEPREFIX), even where PYTHONDONTWRITEBYTECODE is set (as in some sandboxes):
+    a warm launch then imports cached bytecode, as on a researcher's machine."""
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix.absolute())
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
 
 
 def main() -> None:
@@ -132,9 +141,7 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.pycache_prefix is not None:
-        os.environ["PYTHONPYCACHEPREFIX"] = str(args.pycache_prefix.absolute())
-        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-        sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
+        cache_bytecode_in(args.pycache_prefix)
     imports = bytecode_state()
     loop_s = python_loop_seconds()
     overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
