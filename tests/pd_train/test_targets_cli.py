@@ -119,8 +119,9 @@ def test_compile_takes_a_toy_config(capsys: pytest.CaptureFixture[str]) -> None:
 def test_pretrain_check_matches_within_float_rounding_and_refuses_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--check`` passes the shipped weights bit for bit or within 1e-5 of each array's scale
-    (another CPU's rounding) and fails beyond; it writes nothing either way."""
+    """``--check`` passes the shipped weights bit for bit or within 0.1 of each array's scale
+    (another CPU's rounding, amplified by training) and fails beyond; it writes nothing either
+    way."""
     import numpy as np
 
     from pd_train.targets import toys
@@ -139,9 +140,9 @@ def test_pretrain_check_matches_within_float_rounding_and_refuses_more(
         assert path.read_bytes() == before  # --check writes nothing
         return code, capsys.readouterr().out
 
-    code, out = check_against(2e-6)  # what another instruction set's rounding could do
+    code, out = check_against(3e-2)  # what another instruction set's rounding did (resid_mlp1)
     assert code == 0, out
-    assert "matches the shipped weights" in out and "within 1e-05" in out
-    code, out = check_against(1e-3)  # a changed recipe or seed moves them by far more
+    assert "matches the shipped weights" in out and "within 0.1" in out
+    code, out = check_against(0.5)  # another seed moves them by ~1.5
     assert code == 1, out
-    assert "DIFFERS from the shipped weights" in out and "over 1e-05" in out
+    assert "DIFFERS from the shipped weights" in out and "over 0.1" in out

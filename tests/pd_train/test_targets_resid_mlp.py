@@ -154,15 +154,29 @@ def test_stream_free_forward_is_the_forward(bias: bool) -> None:
 @pytest.mark.parametrize("name", ["resid_mlp1"])
 def test_pretrain_reproduces_the_shipped_weights(name: str) -> None:
     """Re-pretraining (the appendix's recipe, deterministic from the seed) gives the shipped
-    weights, within XLA:CPU's rounding (~12 CPU s). Only resid_mlp1: resid_mlp2's two layers
+    weights, within XLA:CPU's rounding as training amplifies it (``pd-train pretrain
+    --check``'s tolerance: 1e-5 of an array's scale on the CPU they were made on, 3e-2 on an AMD
+    EPYC), and another seed does not (~24 CPU s). Only resid_mlp1: resid_mlp2's two layers
     amplify the rounding differences between one CPU device (where its weights were made) and
     the tests' 8 simulated ones to 1.7e-3 over 1000 steps, and resid_mlp3's 10k steps cost ~100
     CPU s; ``pd-train pretrain builtin:NAME --check`` checks those on one device."""
     from pd_train.targets.toys import pretrain_toy, toy_config, toy_weights
 
-    params, loss = pretrain_toy(toy_config(name))
+    import attrs
+
+    from pd_train.cli.toy import PRETRAIN_MATCH_RTOL
+
+    toy = toy_config(name)
+    params, loss = pretrain_toy(toy)
     shipped = toy_weights(name)
     assert loss < 8.3e-4  # below one neuron per feature for half the features
     np.testing.assert_array_equal(params["embed"], shipped["embed"])
     for kind, w in shipped["layers"].items():
-        np.testing.assert_allclose(params["layers"][kind], w, atol=1e-5 * np.abs(w).max())
+        scale = np.abs(w).max()
+        np.testing.assert_allclose(params["layers"][kind], w, atol=PRETRAIN_MATCH_RTOL * scale)
+        # Rounding moves a few weights that far; the typical one stays 30x closer.
+        assert np.median(np.abs(params["layers"][kind] - w)) < 1e-2 * scale
+    other, _ = pretrain_toy(attrs.evolve(toy, pretraining=attrs.evolve(toy.pretraining, seed=1)))
+    assert max(
+        np.abs(other["layers"][k] - w).max() / np.abs(w).max() for k, w in shipped["layers"].items()
+    ) > 10 * PRETRAIN_MATCH_RTOL

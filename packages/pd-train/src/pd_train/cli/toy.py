@@ -462,9 +462,11 @@ def summary_text(name: str, summary: dict[str, Any], *, k: int, run_dir: Path) -
 
 
 #: ``pd-train pretrain --check``'s tolerance: the largest difference from the shipped weights,
-#: relative to each array's largest value (float rounding of another CPU; a changed recipe or
-#: seed moves the weights by far more).
-PRETRAIN_MATCH_RTOL = 1e-5
+#: relative to each array's largest value. Another CPU's float rounding, amplified over the
+#: pretraining's Adam steps, moves resid_mlp1's weights by up to 3.0e-2 of that scale (an AMD
+#: EPYC without AVX-512 against the machine they were made on; median difference 1e-3), the
+#: TMS ones by ~1e-7; another pretraining seed moves resid_mlp1's by 1.5 (2026-12-02).
+PRETRAIN_MATCH_RTOL = 0.1
 
 
 def pretrain_toy_cli(
@@ -474,8 +476,9 @@ def pretrain_toy_cli(
     weights to ``out`` (default: the shipped file; ``check``: write nothing) and say whether
     they match the shipped ones: bit for bit on the CPU they were made on, within
     :data:`PRETRAIN_MATCH_RTOL` of each array's largest value on another (XLA:CPU's kernels
-    round differently per instruction set: ~1e-7 apart after the TMS pretraining on an AVX-512
-    Xeon). Returns the message and whether they match (True when nothing is shipped yet)."""
+    round differently per instruction set, and training amplifies it: ~1e-7 apart after the TMS
+    pretraining on an AVX-512 Xeon, 3e-2 after resid_mlp1's on an AMD EPYC). Returns the
+    message and whether they match (True when nothing is shipped yet)."""
     import numpy as np
 
     from pd_train.config.io import ConfigError
