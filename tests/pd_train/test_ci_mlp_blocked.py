@@ -62,18 +62,19 @@ def _assert_close(a, b) -> None:
 
 
 @pytest.mark.parametrize(
-    ("b", "t", "block"),
-    [(64, 1, 16), (50, 1, 16), (7, 3, 4), (5, 1, 8)],  # blocks only; a remainder; T > 1; < 1 block
+    ("b", "t", "block", "units"),
+    # blocks only; a remainder; T > 1; < 1 block; resid_mlp3's 128 units
+    [(64, 1, 16, 16), (50, 1, 16, 16), (7, 3, 4, 16), (5, 1, 8, 16), (40, 1, 16, 128)],
 )
 def test_blocked_one_layer_matches_the_formula_and_today_s_program(
-    b: int, t: int, block: int
+    b: int, t: int, block: int, units: int
 ) -> None:
     c = 6
-    p = _params(c, (16,), seed=b)
+    p = _params(c, (units,), seed=b)
     rng = np.random.default_rng(1)
     inner = jnp.asarray(2.0 * rng.standard_normal((b, t, c)), jnp.float32)
     g = jnp.asarray(rng.standard_normal((b, t, c)), jnp.float32)
-    whole = MLPCIFunction(hidden_dims=(16,))
+    whole = MLPCIFunction(hidden_dims=(units,))
     blocked = whole.blocked(block)
     got = _value_and_grads(blocked, p, inner, g)
     assert got[0].shape == (b, t, c) and got[2].shape == (b, t, c)

@@ -715,20 +715,22 @@ def _recipe(
 #: first whose target represents all five (norms 1.12-1.14).
 TMS_5_2_SEED = 13
 
-#: The TMS recipes' recon chunk loop as a Python loop (the same values as one ``lax.scan``):
+#: The toy recipes' recon chunk loop as a Python loop (the same values as one ``lax.scan``):
 #: the layerwise term's two one-site chunks unrolled cost 34 ms CPU a ``tms_5_2`` step at batch
 #: 4096 against 45 ms as a scan (its ``while`` and a ``cond`` per site), and the K-step program
 #: compiles in about half the time (docs/toys.md). Their uniform draws (the masks' sources, the
 #: routing, the data) ``blocked``: the same bits as ``jax.random.uniform``, ~2.6x cheaper a draw
-#: on XLA:CPU (:mod:`pd_train.sources`; docs/toys.md).
-TMS_RECON = ReconConfig(chunk_loop="unroll", random_draws="blocked")
+#: on XLA:CPU (:mod:`pd_train.sources`; docs/toys.md). The residual MLPs' steps at batch 512:
+#: 0.74x the CPU of the scan with JAX's draws at resid_mlp1, 0.54x at resid_mlp2, 0.82x at
+#: resid_mlp3 (docs/toys.md, "The residual-MLP steps with the toys' recon").
+TOY_RECON = ReconConfig(chunk_loop="unroll", random_draws="blocked")
 
 
-#: The toy recipes' CI MLPs (16 GELU units) run over blocks of 128 rows (``pd.ci.batch_block``):
-#: one site's forward and backward at batch 4096 cost ~50 ms CPU against ~260 at C 200 and ~5
-#: against ~10 at C 20, and at resid_mlp1's 2048 x C 100 ~15 against ~60, the same values up to
-#: rounding (docs/toys.md, benchmarks/ci_mlp.py). resid_mlp3's 128-unit CI MLPs are not
-#: blocked: that shape was not measured.
+#: The toy recipes' CI MLPs run over blocks of 128 rows (``pd.ci.batch_block``): with 16 GELU
+#: units one site's forward and backward at batch 4096 cost ~50 ms CPU against ~260 at C 200
+#: and ~5 against ~10 at C 20, and at resid_mlp1's 2048 x C 100 ~15 against ~60, the same values
+#: up to rounding (docs/toys.md, benchmarks/ci_mlp.py); resid_mlp3's 128-unit ones at batch 512
+#: x C 500 make its whole step 0.15x the CPU of the unblocked one (1.9 against 12.2 s).
 TOY_CI_BLOCK = 128
 
 
@@ -765,7 +767,7 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         ),
         pd=attrs.evolve(
             recipe,
-            recon=TMS_RECON,
+            recon=TOY_RECON,
             ci=MLPCI(hidden_dims=(16,), batch_block=TOY_CI_BLOCK),
         ),
         identity=("layers.0.linear1", "layers.0.linear2"),
@@ -789,16 +791,19 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
             lr=3e-3,
             schedule="cosine",
         ),
-        pd=_recipe(
-            steps={1: 30_000, 2: 50_000, 3: 200_000}[n_layers],
-            batch_size=2048,
-            C={1: 100, 2: 400, 3: 500}[n_layers],
-            lr=2e-3 if n_layers == 1 else 1e-3,
-            final_lr_frac=1.0,
-            im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
-            pnorm=2.0,
-            d_gate=128 if n_layers == 3 else 16,
-            ci_block=None if n_layers == 3 else TOY_CI_BLOCK,
+        pd=attrs.evolve(
+            _recipe(
+                steps={1: 30_000, 2: 50_000, 3: 200_000}[n_layers],
+                batch_size=2048,
+                C={1: 100, 2: 400, 3: 500}[n_layers],
+                lr=2e-3 if n_layers == 1 else 1e-3,
+                final_lr_frac=1.0,
+                im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
+                pnorm=2.0,
+                d_gate=128 if n_layers == 3 else 16,
+                ci_block=TOY_CI_BLOCK,
+            ),
+            recon=TOY_RECON,
         ),
         identity=("layers.*.mlp_in",),
         dense={"layers.*.mlp_out": d_mlp},
