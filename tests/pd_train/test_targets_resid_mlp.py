@@ -160,11 +160,10 @@ def test_pretrain_reproduces_the_shipped_weights(name: str) -> None:
     amplify the rounding differences between one CPU device (where its weights were made) and
     the tests' 8 simulated ones to 1.7e-3 over 1000 steps, and resid_mlp3's 10k steps cost ~100
     CPU s; ``pd-train pretrain builtin:NAME --check`` checks those on one device."""
-    from pd_train.targets.toys import pretrain_toy, toy_config, toy_weights
-
     import attrs
 
     from pd_train.cli.toy import PRETRAIN_MATCH_RTOL
+    from pd_train.targets.toys import pretrain_toy, toy_config, toy_weights
 
     toy = toy_config(name)
     params, loss = pretrain_toy(toy)
