@@ -176,6 +176,10 @@ def test_pretrain_reproduces_the_shipped_weights(name: str) -> None:
         # Rounding moves a few weights that far; the typical one stays 30x closer.
         assert np.median(np.abs(params["layers"][kind] - w)) < 1e-2 * scale
     other, _ = pretrain_toy(attrs.evolve(toy, pretraining=attrs.evolve(toy.pretraining, seed=1)))
-    assert max(
-        np.abs(other["layers"][k] - w).max() / np.abs(w).max() for k, w in shipped["layers"].items()
-    ) > 10 * PRETRAIN_MATCH_RTOL
+    assert (
+        max(
+            np.abs(other["layers"][k] - w).max() / np.abs(w).max()
+            for k, w in shipped["layers"].items()
+        )
+        > 10 * PRETRAIN_MATCH_RTOL
+    )
