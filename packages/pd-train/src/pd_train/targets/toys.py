@@ -680,17 +680,16 @@ def _recipe(
     im_coeff: float,
     pnorm: float,
     d_gate: int = 16,
-    ci_block: int | None = None,
     faithfulness: float | None = None,
     warmup_steps: int = 200,
     pattern: str = "layers.*",
 ) -> PDConfig:
     """A paper-style recipe: Adam (lr, cosine to ``final_lr_frac``·lr; 1.0: constant) for the
     components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units, over blocks of
-    ``ci_block`` rows: ``pd.ci.batch_block``), importance
-    minimality at p = ``pnorm``, stochastic and layerwise (one site per chunk) recon at 1,
-    faithfulness at ``faithfulness`` (None: not a loss term), and the reference's 200-step
-    faithfulness warmup at lr 0.01 with weight decay 0.1."""
+    :data:`TOY_CI_BLOCK` rows), importance minimality at p = ``pnorm``, stochastic and
+    layerwise (one site per chunk) recon at 1 (:data:`TOY_RECON`), faithfulness at
+    ``faithfulness`` (None: not a loss term), and the reference's 200-step faithfulness warmup
+    at lr 0.01 with weight decay 0.1."""
     opt = OptimizerConfig(lr=lr, final_val_frac=final_lr_frac)
     terms: list[Any] = [] if faithfulness is None else [Faithfulness(coeff=faithfulness)]
     terms += [
@@ -702,7 +701,8 @@ def _recipe(
         steps=steps,
         batch_size=batch_size,
         decomposition_targets=(DecompositionTarget(module_pattern=pattern, C=C),),
-        ci=MLPCI(hidden_dims=(d_gate,), batch_block=ci_block),
+        ci=MLPCI(hidden_dims=(d_gate,), batch_block=TOY_CI_BLOCK),
+        recon=TOY_RECON,
         loss_metrics=tuple(terms),
         components=opt,
         ci_fn=opt,
@@ -765,11 +765,7 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
             zero_bias=not five,
             fixed_identity_hidden=hidden,
         ),
-        pd=attrs.evolve(
-            recipe,
-            recon=TOY_RECON,
-            ci=MLPCI(hidden_dims=(16,), batch_block=TOY_CI_BLOCK),
-        ),
+        pd=recipe,
         identity=("layers.0.linear1", "layers.0.linear2"),
         dense={"layers.0.hidden_0": h} if hidden else {},
         steps_per_call=100,
@@ -791,19 +787,15 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
             lr=3e-3,
             schedule="cosine",
         ),
-        pd=attrs.evolve(
-            _recipe(
-                steps={1: 30_000, 2: 50_000, 3: 200_000}[n_layers],
-                batch_size=2048,
-                C={1: 100, 2: 400, 3: 500}[n_layers],
-                lr=2e-3 if n_layers == 1 else 1e-3,
-                final_lr_frac=1.0,
-                im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
-                pnorm=2.0,
-                d_gate=128 if n_layers == 3 else 16,
-                ci_block=TOY_CI_BLOCK,
-            ),
-            recon=TOY_RECON,
+        pd=_recipe(
+            steps={1: 30_000, 2: 50_000, 3: 200_000}[n_layers],
+            batch_size=2048,
+            C={1: 100, 2: 400, 3: 500}[n_layers],
+            lr=2e-3 if n_layers == 1 else 1e-3,
+            final_lr_frac=1.0,
+            im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
+            pnorm=2.0,
+            d_gate=128 if n_layers == 3 else 16,
         ),
         identity=("layers.*.mlp_in",),
         dense={"layers.*.mlp_out": d_mlp},
