@@ -2,8 +2,8 @@
 metrics, beside the paper's values; then the K-step programs against one step per call.
 
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
-        [--rate-toys tms_5_2 ...] [--rate-steps 2000] [--ynn-fusions TYPES] [--malloc-default]
-        [--devices N]
+        [--rate-toys tms_5_2 ...] [--rate-steps 2000] [--rate-arms both|k] [--eval-every N]
+        [--save-ci DIR] [--ynn-fusions TYPES] [--malloc-default] [--devices N]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -30,6 +30,16 @@ cost; a TMS 5-2 step at batch 4096 cost 93 ms CPU with them, 45 ms without; docs
 ``--ynn-fusions TYPES`` puts ``--xla_cpu_experimental_ynn_fusion_type=TYPES`` in XLA_FLAGS
 before JAX starts (e.g. ``dot,reduce``), which the toy programs then leave to XLA.
 
+``--rate-arms k`` times only the toy's own K (no one-step-per-call arm): a probe of what a
+recipe's steps cost on a new machine. ``--eval-every N`` prints the reference's metrics every N
+steps of a toy run (a trajectory; N a multiple of the toy's K), so a run stopped early still
+says where it was. ``--save-ci DIR`` writes each run's one-hot CI per site and its metrics to
+``DIR/{toy}_seed{seed}.npz`` (keys ``ci/{site}`` [features, C] and ``metrics``, a JSON string):
+what a failed criterion is made of can then be read off a run on another machine. The header
+names the backend and device, and ``JAX_DEFAULT_MATMUL_PRECISION`` (on an accelerator
+``highest`` keeps float32 products as a CPU computes them, where the default may round their
+inputs to bfloat16).
+
 ``--devices N`` (default 1) runs every toy run and both rate arms data-parallel over N devices
 (``run_toy(devices=N)``; on the CPU the process gets N simulated host devices, set in XLA_FLAGS
 before JAX starts: one core each; docs/toys.md "Both cores").
@@ -38,8 +48,11 @@ before JAX starts: one core each; docs/toys.md "Both cores").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
          "resid_mlp3")  # fmt: skip
@@ -52,6 +65,23 @@ def _cell(metrics: dict[str, float], key: str, fmt: str = "{:.3f}") -> str:
 
 #: ``--devices``: the toy runs' data-parallel devices.
 DEVICES = 1
+#: ``--eval-every``: the toy runs' trajectory cadence (0: none).
+EVAL_EVERY = 0
+#: ``--save-ci``: where each run's one-hot CI goes (None: nowhere).
+SAVE_CI: Path | None = None
+
+
+def _print_eval(name: str, seed: int, start: float) -> Callable[[int, dict[str, float]], None]:
+    def on_eval(n: int, m: dict[str, float]) -> None:
+        print(
+            f"  {name} seed {seed} step {n}: {time.perf_counter() - start:.0f} s, "
+            f"MMCS {_cell(m, 'gt/mmcs')}, ML2R {_cell(m, 'gt/ml2r')}, "
+            f"IdentityCIError {_cell(m, 'gt/identity_ci_error', '{:.0f}')}, "
+            f"DenseCIError {_cell(m, 'gt/dense_ci_error', '{:.0f}')}",
+            flush=True,
+        )
+
+    return on_eval
 
 
 def run_table(name: str, seeds: list[int]) -> bool:
@@ -68,8 +98,15 @@ def run_table(name: str, seeds: list[int]) -> bool:
     ok = True
     for seed in seeds:
         cpu = time.process_time()
-        m, ci, _ = run_toy(name, seed=seed, devices=DEVICES)
+        on_eval = _print_eval(name, seed, time.perf_counter()) if EVAL_EVERY else None
+        m, ci, _ = run_toy(name, seed=seed, devices=DEVICES, eval_every=EVAL_EVERY, on_eval=on_eval)
         cpu = time.process_time() - cpu
+        if SAVE_CI is not None:
+            import numpy as np
+
+            SAVE_CI.mkdir(parents=True, exist_ok=True)
+            arrays = {f"ci/{site}": np.asarray(v) for site, v in ci.items()}
+            np.savez(SAVE_CI / f"{name}_seed{seed}.npz", metrics=json.dumps(m), **arrays)
         alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive_one_hot/{s}']:.0f}" for s in ci)
         ok &= m["reproduced"] == 1.0
         print(
@@ -124,12 +161,18 @@ def _toy_names() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     names = _toy_names()
-    parser.add_argument("--toys", nargs="+", default=list(PAPER), choices=names)
+    parser.add_argument("--toys", nargs="*", default=list(PAPER), choices=names)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--rate-steps", type=int, default=2000)
     parser.add_argument(
         "--rate-toys", nargs="*", default=["tms_5_2", "tms_5_2_fast"], choices=names
     )
+    parser.add_argument(
+        "--rate-arms", choices=("both", "k"), default="both",
+        help="k: time only each rate toy's own K (no one-step-per-call arm)",
+    )  # fmt: skip
+    parser.add_argument("--eval-every", type=int, default=0, help="print metrics every N steps")
+    parser.add_argument("--save-ci", type=Path, default=None, metavar="DIR")
     parser.add_argument("--ynn-fusions", default=None, metavar="TYPES")
     parser.add_argument(
         "--malloc-default", action="store_true",
@@ -137,8 +180,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--devices", type=int, default=1, help="data-parallel devices")
     args = parser.parse_args()
-    global DEVICES
+    global DEVICES, EVAL_EVERY, SAVE_CI
     DEVICES = args.devices
+    EVAL_EVERY = args.eval_every
+    SAVE_CI = args.save_ci
     if args.devices > 1:
         flag = f"--xla_force_host_platform_device_count={args.devices}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
@@ -155,6 +200,12 @@ def main() -> None:
     print(f"XLA:CPU YNN fusions {ynn}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     malloc = "glibc default" if args.malloc_default else "keep_freed_memory()"
     print(f"malloc: {malloc}; devices {DEVICES}; load average {os.getloadavg()[0]:.1f}")
+    import jax
+
+    precision = os.environ.get("JAX_DEFAULT_MATMUL_PRECISION", "default")
+    print(
+        f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}); matmul precision {precision}"
+    )
     ok = {name: run_table(name, args.seeds) for name in args.toys}
     print(
         "\n| toy | K | steps/s K=1 | samples/s K=1 | steps/CPU s K=1 | steps/s K | samples/s K "
@@ -164,6 +215,13 @@ def main() -> None:
     ratios = {}
     for name in args.rate_toys:
         k = toy_config(name).steps_per_call
+        if args.rate_arms == "k":
+            many, many_s, many_c = step_rate(name, k, args.rate_steps)
+            print(
+                f"| {name} | {k} | | | | {many:.1f} | {many_s:.3g} | {many_c:.1f} | | |",
+                flush=True,
+            )
+            continue
         one, one_s, one_c = step_rate(name, 1, args.rate_steps)
         many, many_s, many_c = step_rate(name, k, args.rate_steps)
         ratios[name] = many / one
