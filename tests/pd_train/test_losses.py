@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,6 +145,23 @@ def test_lr_schedule_warmup_then_cosine_to_final() -> None:
     # Default decay_steps: the steps after warmup, ending at final on the last step.
     default = lr_schedule(OptimizerConfig(lr=2.0, final_val_frac=0.5), total_steps=10)
     assert float(default(0)) == pytest.approx(2.0) and float(default(9)) == pytest.approx(1.0)
+
+
+def test_lr_schedule_holds_then_decays_over_the_last_steps() -> None:
+    """warmup 2, hold 5, then the cosine over the remaining 20 - 7 = 13 steps (divisor 12),
+    written out by hand."""
+    config = OptimizerConfig(lr=2.0, warmup_steps=2, hold_steps=5, final_val_frac=0.25)
+    sched = lr_schedule(config, total_steps=20)
+    got = [float(sched(s)) for s in range(20)]
+    assert got[:2] == pytest.approx([1.0, 2.0])
+    assert got[2:8] == pytest.approx([2.0] * 6)  # held through step 6; step 7 is s = 0
+    for step in range(7, 20):
+        want = 2.0 * (0.25 + 0.75 * 0.5 * (1 + math.cos(math.pi * (step - 7) / 12)))
+        assert got[step] == pytest.approx(want, rel=1e-6)
+    assert got[19] == pytest.approx(0.5)
+    # An explicit decay_steps shortens the cosine after the hold; then final_val_frac·lr.
+    short = lr_schedule(attrs.evolve(config, decay_steps=3), total_steps=20)
+    assert [float(short(s)) for s in (7, 8, 9, 15)] == pytest.approx([2.0, 1.25, 0.5, 0.5])
 
 
 def test_clip_scales_by_max_over_norm_plus_eps() -> None:

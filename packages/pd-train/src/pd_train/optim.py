@@ -23,15 +23,18 @@ __all__ = [
 
 def schedule_hyperparams(config: OptimizerConfig, total_steps: int) -> dict[str, float]:
     """The scalars of :func:`lr_schedule` as data (for :func:`scheduled_lr`): lr, the warmup
-    steps and their divisor max(warmup, 1), the cosine's divisor D − 1 (1 when D = 1) and
-    whether it decays (1.0, else 0.0: the value is f·lr after warmup), f and (1 − f)/2 (taken
-    in double precision, as the constants of the traced schedule were)."""
-    warmup, final = config.warmup_steps, config.final_val_frac
-    decay = config.decay_steps if config.decay_steps is not None else max(total_steps - warmup, 1)
+    steps and their divisor max(warmup, 1), the hold steps, the cosine's divisor D − 1 (1 when
+    D = 1) and whether it decays (1.0, else 0.0: the value is f·lr after warmup and hold), f
+    and (1 − f)/2 (taken in double precision, as the constants of the traced schedule were)."""
+    warmup, hold, final = config.warmup_steps, config.hold_steps, config.final_val_frac
+    decay = config.decay_steps
+    if decay is None:
+        decay = max(total_steps - warmup - hold, 1)
     return {
         "lr": float(config.lr),
         "warmup": float(warmup),
         "warmup_div": float(max(warmup, 1)),
+        "hold": float(hold),
         "decay_div": float(decay - 1 if decay > 1 else 1),
         "decays": 1.0 if decay > 1 else 0.0,
         "final": float(final),
@@ -45,7 +48,7 @@ def scheduled_lr(hp: Mapping[str, Any], step: Any) -> jax.Array:
     step = jnp.asarray(step, jnp.float32)
     lr = hp["lr"]
     warm = lr * (step + 1) / hp["warmup_div"]
-    s = step - hp["warmup"]
+    s = step - hp["warmup"] - hp["hold"]  # < 0 while held: progress 0, the value lr
     progress = jnp.where(hp["decays"] > 0, jnp.clip(s / hp["decay_div"], 0.0, 1.0), 1.0)
     cosine = lr * (hp["final"] + hp["half_span"] * (1 + jnp.cos(jnp.pi * progress)))
     return jnp.where(step < hp["warmup"], warm, cosine)
@@ -55,9 +58,10 @@ def lr_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """lr(step), step counted from 0.
 
     Warmup: ``lr·(step + 1)/warmup_steps`` for step < warmup_steps (so the first step already
-    moves). Then with s = step − warmup_steps and D = decay_steps (default: total_steps −
-    warmup_steps): ``lr·(f + (1 − f)·(1 + cos(π·min(s/(D − 1), 1)))/2)`` with f =
-    final_val_frac, which reaches f·lr exactly at s = D − 1 (the last step). D = 1 gives f·lr.
+    moves). Then with s = step − warmup_steps − hold_steps and D = decay_steps (default:
+    total_steps − warmup_steps − hold_steps): ``lr·(f + (1 − f)·(1 + cos(π·clip(s/(D − 1), 0,
+    1)))/2)`` with f = final_val_frac: ``lr`` while held (s < 0), f·lr exactly at s = D − 1 (the
+    last step). D = 1 gives f·lr after the hold.
     """
     hp = schedule_hyperparams(config, total_steps)
     return lambda step: scheduled_lr(hp, step)

@@ -77,7 +77,7 @@ _PGD = _LOSS.format("pgd_recon")
 _PPGD = _LOSS.format("persistent_pgd_recon")
 _CT = "pd.ci[type=chunkwise_transformer]"
 _GT = "pd.ci[type=global_transformer]"
-_OPT_VALUES = ("lr", "warmup_steps", "final_val_frac", "decay_steps", "weight_decay")
+_OPT_VALUES = ("lr", "warmup_steps", "hold_steps", "final_val_frac", "decay_steps", "weight_decay")
 _ADAM = ("b1", "b2", "eps")
 
 #: The classification, in the order of the docs' table.

@@ -557,13 +557,15 @@ class PersistentPGDRecon(LossMetric):
 
 @attrs.frozen(kw_only=True)
 class OptimizerConfig:
-    """AdamW with a cosine schedule: linear warmup over ``warmup_steps`` to ``lr``, then cosine
-    to ``final_val_frac·lr`` over ``decay_steps`` (default: the steps after warmup), with the
-    final value reached at decay step ``decay_steps − 1``. ``clip`` is the max global grad norm
-    (None: no clipping)."""
+    """AdamW with a cosine schedule: linear warmup over ``warmup_steps`` to ``lr``, held at
+    ``lr`` for ``hold_steps`` more (0: none; a warmup-stable-decay schedule when the decay is
+    short), then cosine to ``final_val_frac·lr`` over ``decay_steps`` (default: the steps after
+    warmup and hold), with the final value reached at decay step ``decay_steps − 1``. ``clip``
+    is the max global grad norm (None: no clipping)."""
 
     lr: float = attrs.field(validator=positive())
     warmup_steps: int = attrs.field(default=0, validator=non_negative())
+    hold_steps: int = attrs.field(default=0, validator=non_negative())
     final_val_frac: float = attrs.field(default=1.0, validator=non_negative())
     decay_steps: int | None = attrs.field(default=None, validator=positive())
     weight_decay: float = attrs.field(default=0.0, validator=non_negative())
