@@ -53,6 +53,12 @@ CASES = [
         {"random_draws": "rbg"},
         "pd.recon.random_draws: got 'rbg'; must be one of 'jax', 'blocked'",
     ),
+    (
+        "pd.components.hold_steps",
+        6,
+        "pd.components.hold_steps: got 6; with warmup_steps 2 the lr would never decay within"
+        " pd.steps (8): must be < 6",
+    ),
     ("run_name", DELETE, "run_name: required field is missing"),
     ("run_name", "a/b", "run_name: got 'a/b'"),
     (

@@ -162,6 +162,9 @@ def test_lr_schedule_holds_then_decays_over_the_last_steps() -> None:
     # An explicit decay_steps shortens the cosine after the hold; then final_val_frac·lr.
     short = lr_schedule(attrs.evolve(config, decay_steps=3), total_steps=20)
     assert [float(short(s)) for s in (7, 8, 9, 15)] == pytest.approx([2.0, 1.25, 0.5, 0.5])
+    # decay_steps 1: lr through the hold, then final_val_frac·lr at once.
+    step = lr_schedule(attrs.evolve(config, decay_steps=1), total_steps=20)
+    assert [float(step(s)) for s in (2, 6, 7, 19)] == pytest.approx([2.0, 2.0, 0.5, 0.5])
 
 
 def test_clip_scales_by_max_over_norm_plus_eps() -> None:

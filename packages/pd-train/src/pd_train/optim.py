@@ -49,7 +49,8 @@ def scheduled_lr(hp: Mapping[str, Any], step: Any) -> jax.Array:
     lr = hp["lr"]
     warm = lr * (step + 1) / hp["warmup_div"]
     s = step - hp["warmup"] - hp["hold"]  # < 0 while held: progress 0, the value lr
-    progress = jnp.where(hp["decays"] > 0, jnp.clip(s / hp["decay_div"], 0.0, 1.0), 1.0)
+    held = jnp.where(s < 0, 0.0, 1.0)  # D = 1: lr while held, then f·lr at once
+    progress = jnp.where(hp["decays"] > 0, jnp.clip(s / hp["decay_div"], 0.0, 1.0), held)
     cosine = lr * (hp["final"] + hp["half_span"] * (1 + jnp.cos(jnp.pi * progress)))
     return jnp.where(step < hp["warmup"], warm, cosine)
 

@@ -645,7 +645,8 @@ class PDConfig:
 
 def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
     """Checks the step relies on beyond single fields: a known loss list without duplicates,
-    a coherent p-annealing window, decay settings. Raises ConfigError naming the field path."""
+    a coherent p-annealing window, decay settings (a hold that ends before the last step).
+    Raises ConfigError naming the field path."""
     problems: list[tuple[str, str]] = []
     if not pd.decomposition_targets:
         problems.append((f"{path}.decomposition_targets", "is empty; list at least one target"))
@@ -670,6 +671,15 @@ def check_pd_config(pd: PDConfig, *, path: str = "pd") -> None:
             problems.extend(term_problems(where))
     if not pd.loss_metrics:
         problems.append((f"{path}.loss_metrics", "is empty; list at least one loss term"))
+    for group in ("components", "ci_fn"):
+        opt = getattr(pd, group)
+        if opt.hold_steps and opt.warmup_steps + opt.hold_steps >= pd.steps:
+            msg = (
+                f"got {opt.hold_steps}; with warmup_steps {opt.warmup_steps} the lr would never"
+                f" decay within {path}.steps ({pd.steps}): must be < {pd.steps - opt.warmup_steps}"
+                " (0: no hold)"
+            )
+            problems.append((f"{path}.{group}.hold_steps", msg))
     problems.extend(ci_config_problems(pd.ci, path=f"{path}.ci"))
     if problems:
         raise ConfigError(problems)
