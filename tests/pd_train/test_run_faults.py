@@ -46,8 +46,9 @@ def four_steps(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> tuple[P
     tmp = tmp_path_factory.mktemp("four")
     raw = tiny_config(tmp, cache)
     # XLA's default optimization here, not tiny_config's faster-compiling level 0: with level 0
-    # the full-disk test's failed save left orbax's partial directory behind in 3 of 10 runs
-    # (0 of 6 at the default): a race between orbax's threads and the run's exit, left as it was.
+    # the full-disk test's failed save left orbax's partial directory behind in 3 of 10 runs, 0
+    # of 6 at the default (a race of orbax's threads with the run's exit, which a heavily loaded
+    # machine shows at the default too: docs/testing.md, Measurements).
     del raw["runtime"]["compiler_options"]
     config = write_config(tmp, raw)
     run_dir = tmp / "run"
