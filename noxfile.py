@@ -57,13 +57,18 @@ def _pd_dependencies(package: str) -> list[str]:
     return seen
 
 
-def _install_local(session: nox.Session, package: str, *, extras: str = "test") -> None:
-    """Install ``package`` (with ``extras``) and its pd-* dependencies from this checkout."""
-    targets = []
-    for name in _pd_dependencies(package):
-        path = f"./packages/{name}"
-        targets.append(f"{path}[{extras}]" if name == package and extras else path)
-    session.install(*targets)
+def _install_local(session: nox.Session, *packages: str, extras: str = "test") -> None:
+    """Install ``packages`` (each with ``extras``) and their pd-* dependencies from this
+    checkout, in one resolve."""
+    targets: dict[str, str] = {}
+    for package in packages:
+        for name in _pd_dependencies(package):
+            path = f"./packages/{name}"
+            if name == package and extras:
+                targets[name] = f"{path}[{extras}]"
+            else:
+                targets.setdefault(name, path)
+    session.install(*targets.values())
 
 
 # pd-train's suite on two pytest-xdist workers (the CI machine has 2 cores; the tests are mostly
@@ -143,9 +148,11 @@ def integration(session: nox.Session) -> None:
     dist.mkdir(parents=True, exist_ok=True)
     for old in dist.glob("*.whl"):
         old.unlink()
-    session.install("build>=1.2")
+    # build's isolated build environments made by uv: ~1 s a wheel instead of ~12 with pip.
+    session.install("build[uv]>=1.2")
     for package in _packages():
-        session.run("python", "-m", "build", "--wheel", "--outdir", str(dist), str(package))
+        args = ["--wheel", "--installer", "uv", "--outdir", str(dist), str(package)]
+        session.run("python", "-m", "build", *args)
     wheels = sorted(str(w) for w in dist.glob("*.whl"))
     session.log(f"built {len(wheels)} wheels: {', '.join(Path(w).name for w in wheels)}")
     # Installing the wheel files by path keeps the resolver from looking for pd-* on an index.
@@ -159,8 +166,7 @@ def integration(session: nox.Session) -> None:
 @nox.session
 def slurm(session: nox.Session) -> None:
     """Start a real single-node SLURM cluster on localhost and run the SLURM tests against it."""
-    _install_local(session, "pd-train")
-    _install_local(session, "pd-launch")
+    _install_local(session, "pd-train", "pd-launch")
     state = Path(os.environ.get("PD_SLURM_DIR", "/tmp/pd-slurm-test"))
     env = {
         **TEST_ENV,

@@ -3,12 +3,17 @@
 The built-in tiny Llama (it has a vocabulary) with three of its sites decomposed, 4 steps,
 checkpoints at 2 and 4: ``uninterrupted`` runs straight through; ``resumed`` stops after step 2
 (``--max-steps 2``) and is continued with ``--resume``. Each run is a ``pd-train`` process on one
-CPU device sharing one compile cache; the runs are kept under pytest's base temp dir, so a
-second test module reuses them.
+CPU device sharing one compile cache. They are made once per pytest session: under
+pytest-xdist the first worker that needs them makes them in the workers' common base temp dir
+(the parent of each worker's own) under a file lock, and every worker copies them into its own
+base temp dir, where each test module finds them.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +72,25 @@ def _pd_train(*args: str) -> None:
 
 
 def tiny_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The runs in this process's base temp dir (a copy of the session's, under xdist)."""
     root = tmp_path_factory.getbasetemp() / "analysis-runs"
     runs = Runs(root / "uninterrupted", root / "resumed", root / "config.yaml")
     if (root / "done").exists():
         return runs
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        _make(root)
+        return runs
+    shared = tmp_path_factory.getbasetemp().parent / "analysis-runs"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (shared / "done").exists():
+            _make(shared)
+    # The run dirs only (their configs name the shared compile cache, which no test reads).
+    shutil.copytree(shared, root, ignore=shutil.ignore_patterns("cache"))
+    return runs
+
+
+def _make(root: Path) -> None:
     root.mkdir(exist_ok=True)
     config = {**CONFIG, "output_dir": str(root / "out")}
     # Unoptimized XLA code compiles about twice as fast; both runs and the analysis share it.
@@ -78,9 +98,10 @@ def tiny_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         "compile_cache": {"dir": str(root / "cache")},
         "compiler_options": {"xla_backend_optimization_level": 0},
     }
-    runs.config.write_text(yaml.safe_dump(config))
-    _pd_train("run", str(runs.config), "--run-dir", str(runs.uninterrupted))
-    _pd_train("run", str(runs.config), "--run-dir", str(runs.resumed), "--max-steps", "2")
-    _pd_train("run", "--resume", str(runs.resumed))
+    config_path = root / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    uninterrupted, resumed = root / "uninterrupted", root / "resumed"
+    _pd_train("run", str(config_path), "--run-dir", str(uninterrupted))
+    _pd_train("run", str(config_path), "--run-dir", str(resumed), "--max-steps", "2")
+    _pd_train("run", "--resume", str(resumed))
     (root / "done").touch()
-    return runs
