@@ -71,3 +71,56 @@ def test_keep_last_n_must_be_positive(tmp_path) -> None:
     with pytest.raises(ValueError, match="keep_last_n must be >= 1, got 0"):
         Checkpoints(tmp_path / "c", keep_last_n=0)
     assert not (tmp_path / "c").exists()
+
+
+def test_the_run_removes_partial_saves_an_earlier_attempt_left_and_a_reader_does_not(
+    tmp_path,
+) -> None:
+    """A failed save's late writes can recreate its temporary directory after that run removed
+    it; the next attempt (the writer) removes it when it opens the checkpoints, while a reader
+    (``pd-train analyze`` of a live run) never touches a save in progress."""
+    import time
+
+    directory = tmp_path / "checkpoints"
+    (directory / "8.orbax-checkpoint-tmp").mkdir(parents=True)
+    (directory / "8.orbax-checkpoint-tmp" / "part").write_text("x")
+
+    def left_after(checkpoints: Checkpoints, wait: float) -> list[str]:
+        """What is left once orbax's start-up cleanup (a thread; a save waits for it) ran."""
+        assert checkpoints.steps() == []
+        deadline = time.monotonic() + wait
+        while list(directory.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        checkpoints.close()
+        return [p.name for p in directory.iterdir()]
+
+    assert left_after(Checkpoints(directory), wait=2) == ["8.orbax-checkpoint-tmp"]
+    assert left_after(Checkpoints(directory, writer=True), wait=30) == []
+
+
+def test_partial_saves_are_removed_until_none_reappears(tmp_path) -> None:
+    """A thread recreates the partial save twice after the first removal (as a failed save's
+    queued tensorstore writes do once its removal frees the inodes): one pass would leave it,
+    the removal that waits for a quiet spell leaves nothing."""
+    import threading
+    import time
+
+    from pd_train.run._checkpointing import partial_saves, remove_partial_saves_until_quiet
+
+    directory = tmp_path / "checkpoints"
+    partial = directory / "8.orbax-checkpoint-tmp"
+    partial.mkdir(parents=True)
+    recreated = []
+
+    def late_writes() -> None:
+        for _ in range(2):
+            time.sleep(0.15)
+            (partial / "d").mkdir(parents=True, exist_ok=True)
+            recreated.append(time.monotonic())
+
+    writer = threading.Thread(target=late_writes)
+    writer.start()
+    remove_partial_saves_until_quiet(directory, quiet=0.5, limit=5.0)
+    writer.join()
+    assert len(recreated) == 2
+    assert partial_saves(directory) == []

@@ -355,7 +355,7 @@ def _run_toy(
     keep_freed_memory()  # no page faults of the programs' temporaries on every call
     name = raw["toy"]
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
-    checkpoints = Checkpoints(run_dir / "checkpoints")
+    checkpoints = Checkpoints(run_dir / "checkpoints", writer=True)
     start = checkpoints.latest_step() if resume else None
     log = MetricsLog(run_dir, is_primary=True)
     if start is not None:

@@ -134,6 +134,34 @@ def partial_saves(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if ".orbax-checkpoint-tmp" in p.name)
 
 
+#: :func:`remove_partial_saves_until_quiet`: how long no partial save must reappear, and the
+#: longest it waits for that (seconds).
+PARTIAL_SAVES_QUIET_S = 0.5
+PARTIAL_SAVES_LIMIT_S = 5.0
+
+
+def remove_partial_saves_until_quiet(
+    directory: Path, *, quiet: float = PARTIAL_SAVES_QUIET_S, limit: float = PARTIAL_SAVES_LIMIT_S
+) -> None:
+    """Remove the partial saves in ``directory`` again and again until none has reappeared for
+    ``quiet`` seconds (at most ``limit`` seconds in all). A failed save's pending tensorstore
+    writes can run after the save was given up and recreate its directory: removing the
+    partial frees the inodes a full disk lacked, so a write still queued then succeeds."""
+    import time
+
+    start = last_seen = time.monotonic()
+    while True:
+        found = partial_saves(directory)
+        for partial in found:
+            shutil.rmtree(partial, ignore_errors=True)
+        now = time.monotonic()
+        if found:
+            last_seen = now
+        if now - last_seen >= quiet or now - start >= limit:
+            return
+        time.sleep(0.02)
+
+
 class Saver:
     """Saves the run's state into ``RUN_DIR/checkpoints`` with the config it was written with;
     every process calls :meth:`save`. ``last_saved``: the step of the last good checkpoint."""
@@ -243,17 +271,14 @@ def _after_a_failed_save(directory: Path) -> None:
     ``close()`` (on a busy machine): they neither print their traceback later (orbax's log
     stays silenced for the process's life, and so do the closed event loops' callbacks:
     :func:`_drop_closed_loop_callbacks`) nor leave a partial save they recreated (removed
-    again at exit, after Python has joined those threads)."""
+    again at exit, after Python has joined those threads, until none has reappeared for a
+    while: :func:`remove_partial_saves_until_quiet`; a partial save left all the same is
+    removed when the next attempt opens the checkpoints, orbax's ``cleanup_tmp_directories``)."""
     import atexit
 
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     _drop_closed_loop_callbacks()
-
-    def remove_partials() -> None:
-        for partial in partial_saves(directory):
-            shutil.rmtree(partial, ignore_errors=True)
-
-    atexit.register(remove_partials)
+    atexit.register(remove_partial_saves_until_quiet, directory)
 
 
 def _drop_closed_loop_callbacks() -> None:

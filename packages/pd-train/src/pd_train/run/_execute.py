@@ -73,7 +73,7 @@ def execute(
 
     config = rt.prepared.config
     checkpoints = Checkpoints(
-        run_dir / "checkpoints", keep_last_n=config.cadence.keep_last_n_checkpoints
+        run_dir / "checkpoints", keep_last_n=config.cadence.keep_last_n_checkpoints, writer=True
     )
     plots = PlotWorkersHook(None)
     terminal = _terminal(rt)

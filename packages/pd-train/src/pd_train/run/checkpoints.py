@@ -29,14 +29,19 @@ class CheckpointError(RuntimeError):
 
 class Checkpoints:
     """The checkpoint directory of one run (``RUN_DIR/checkpoints``); orbax's manager starts
-    (and creates the directory) on first use."""
+    (and creates the directory) on first use. ``writer``: the run's own (it removes partial
+    saves an earlier attempt left when the manager starts); readers leave the directory as
+    it is."""
 
-    def __init__(self, directory: str | Path, *, keep_last_n: int = 2) -> None:
+    def __init__(
+        self, directory: str | Path, *, keep_last_n: int = 2, writer: bool = False
+    ) -> None:
         if keep_last_n < 1:
             msg = f"keep_last_n must be >= 1, got {keep_last_n}"
             raise ValueError(msg)
         self.directory = Path(directory).absolute()
         self.keep_last_n = keep_last_n
+        self.writer = writer
         self._started: Any = None
 
     @property
@@ -50,6 +55,10 @@ class Checkpoints:
                 # Saves are synchronous: a SIGTERM save must be on disk before the process
                 # exits, and resume-equality tests compare against what was written.
                 enable_async_checkpointing=False,
+                # The run (``writer``, which holds the run dir's lock) removes a partial save
+                # an earlier attempt left (a failed save's late writes can recreate it after
+                # that run removed it); a reader (analyze) never removes a live run's save.
+                cleanup_tmp_directories=self.writer,
             )
             self._started = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         return self._started
