@@ -245,12 +245,14 @@ class Saver:
             )
 
     def _failed(self, step: int, exc: BaseException) -> None:
+        # Quiet first: the save's pending tensorstore callbacks can end while close() shuts
+        # orbax's event loop, and each would print "Event loop is closed" before our line.
+        _after_a_failed_save(self.checkpoints.directory)
         # orbax's threads of the failed save end now (their errors repeat this one).
         with _absl_quiet(), contextlib.suppress(Exception):
             self.checkpoints.close()
         for partial in partial_saves(self.checkpoints.directory):
             shutil.rmtree(partial, ignore_errors=True)
-        _after_a_failed_save(self.checkpoints.directory)
         kept = (
             f"the last good checkpoint is step {self.last_saved}"
             if self.last_saved is not None
