@@ -54,6 +54,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 PAPER = ("tms_5_2", "tms_40_10", "tms_5_2_id", "tms_40_10_id", "resid_mlp1", "resid_mlp2",
          "resid_mlp3")  # fmt: skip
 YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
@@ -102,9 +104,6 @@ def run_table(name: str, seeds: list[int]) -> bool:
         m, ci, _ = run_toy(name, seed=seed, devices=DEVICES, eval_every=EVAL_EVERY, on_eval=on_eval)
         cpu = time.process_time() - cpu
         if SAVE_CI is not None:
-            import numpy as np
-
-            SAVE_CI.mkdir(parents=True, exist_ok=True)
             arrays = {f"ci/{site}": np.asarray(v) for site, v in ci.items()}
             np.savez(SAVE_CI / f"{name}_seed{seed}.npz", metrics=json.dumps(m), **arrays)
         alive = ", ".join(f"{s.split('.', 1)[1]} {m[f'gt/alive_one_hot/{s}']:.0f}" for s in ci)
@@ -191,6 +190,21 @@ def main() -> None:
         flag = f"{YNN_FLAG}={args.ynn_fusions}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     from pd_train.targets.toys import TOYS, keep_freed_memory, toy_config
+
+    # Refused before any run: a cadence no toy's K divides, a --save-ci that is no directory.
+    if args.eval_every < 0:
+        parser.error(f"--eval-every: got {args.eval_every}; must be >= 0 (0: no trajectory)")
+    bad = [f"{n} K {toy_config(n).steps_per_call}" for n in args.toys
+           if args.eval_every % toy_config(n).steps_per_call]  # fmt: skip
+    if bad:
+        parser.error(
+            f"--eval-every: got {args.eval_every}; must be a multiple of ({', '.join(bad)})"
+        )
+    if SAVE_CI is not None:
+        try:
+            SAVE_CI.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--save-ci: cannot make the directory {str(SAVE_CI)!r} ({exc})")
 
     if not args.malloc_default:
         keep_freed_memory()  # as pd-train run of a toy does
