@@ -4,6 +4,7 @@ metrics, beside the paper's values; then the K-step programs against one step pe
     .venv/bin/python benchmarks/toys.py [--toys tms_5_2 tms_5_2_fast ...] [--seeds 0 1]
         [--rate-toys tms_5_2 ...] [--rate-steps 2000] [--rate-arms both|k] [--eval-every N]
         [--save-ci DIR] [--ynn-fusions TYPES] [--malloc-default] [--devices N]
+        [--set pd.FIELD=VALUE ...]
 
 One table per toy: a row per seed (steps, batch, wall s including compile, this process's CPU
 s, steps/s and samples/s of the whole run, MMCS / ML2R of linear1 for TMS, IdentityCIError and
@@ -39,6 +40,11 @@ what a failed criterion is made of can then be read off a run on another machine
 names the backend and device, and ``JAX_DEFAULT_MATMUL_PRECISION`` (on an accelerator
 ``highest`` keeps float32 products as a CPU computes them, where the default may round their
 inputs to bfloat16).
+
+``--set pd.FIELD=VALUE`` (repeatable) changes the recipe of every toy run and rate arm as
+``pd-train run --set`` does (e.g. ``--set 'pd.loss_metrics[0].pnorm_end=1.0'``); each toy's
+changed recipe is checked by field path before anything runs, the table says it was changed,
+and the count line then says so and counts no toy at the paper's settings.
 
 ``--devices N`` (default 1) runs every toy run and both rate arms data-parallel over N devices
 (``run_toy(devices=N)``; on the CPU the process gets N simulated host devices, set in XLA_FLAGS
