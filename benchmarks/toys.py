@@ -286,9 +286,7 @@ def main() -> None:
     changed = " with the recipes changed by --set" if OVERRIDES else ""
     if OVERRIDES:
         at_paper = 0  # a changed recipe is not the paper's
-    print(
-        f"\ntoys: {reproduced} of 7 reproduced{changed} (paper settings for {at_paper} of 7)"
-    )
+    print(f"\ntoys: {reproduced} of 7 reproduced{changed} (paper settings for {at_paper} of 7)")
     for name in ("tms_5_2", "tms_5_2_fast"):
         if name in ratios:
             print(
