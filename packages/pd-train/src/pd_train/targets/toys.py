@@ -64,6 +64,7 @@ from pd_train.config.pd import (
     OptimizerConfig,
     PDConfig,
     ReconConfig,
+    SharedMLPCI,
     StochasticRecon,
 )
 from pd_train.run.hooks import Cadence, Hook, StepInfo
@@ -914,6 +915,38 @@ def _resid_mlp1_fast_pd(pd: PDConfig) -> dict[str, Any]:
     }
 
 
+_RESID_MLP2_FAST = (
+    "8000 steps, lr 2e-3, C 150 on mlp_in and 26 on mlp_out, one shared_mlp CI function [256] a "
+    "site (the reference's current resid_mlp2 CI), importance 2e-5 with p annealed 2 -> 1 over "
+    "50-70 % of the steps"
+)
+
+
+def _resid_mlp2_fast_pd(pd: PDConfig) -> dict[str, Any]:
+    """The ``resid_mlp2_fast`` recipe's changes (38 runs on a TPU and two on this CPU,
+    docs/toys.md, "resid_mlp2 recipes on the TPU"): lr 2e-3 (at 4e-3 features split over two
+    components in both layers); C 26 on ``mlp_out``, which is one rank-25 block a layer in every
+    run; C 150 on ``mlp_in``; a ``shared_mlp`` CI function, without which one layer-1 component
+    stays on for several features beside their own (its CI, a function of its own inner
+    activation alone, cannot tell them apart); batch 2048 (512 left twice the stray entries);
+    p annealed to 1 late, as ``resid_mlp1_fast``'s."""
+    opt = OptimizerConfig(lr=2e-3, final_val_frac=1.0)
+    im, *recon = pd.loss_metrics
+    assert isinstance(im, ImportanceMinimality), im
+    im = attrs.evolve(im, coeff=2e-5, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
+    return {
+        "steps": 8000,
+        "components": opt,
+        "ci_fn": opt,
+        "ci": SharedMLPCI(hidden_dims=(256,)),
+        "loss_metrics": (im, *recon),
+        "decomposition_targets": (
+            DecompositionTarget(module_pattern="layers.*.mlp_in", C=150),
+            DecompositionTarget(module_pattern="layers.*.mlp_out", C=26),
+        ),
+    }
+
+
 def _builtin() -> dict[str, ToyConfig]:
     paper = [
         _tms("tms_5_2", 5, 2, hidden=False),
@@ -932,7 +965,7 @@ def _builtin() -> dict[str, ToyConfig]:
         _fast(toys["tms_40_10_id"], _TMS_40_10_ID_FAST,
               **_tms_40_10_id_fast_pd(toys["tms_40_10_id"].pd)),
         _fast(toys["resid_mlp1"], _RESID_MLP1_FAST, **_resid_mlp1_fast_pd(toys["resid_mlp1"].pd)),
-        _fast(toys["resid_mlp2"], "4000 steps at batch 512", steps=4000, batch_size=512),
+        _fast(toys["resid_mlp2"], _RESID_MLP2_FAST, **_resid_mlp2_fast_pd(toys["resid_mlp2"].pd)),
         _fast(toys["resid_mlp3"], "4000 steps at batch 512", steps=4000, batch_size=512),
     ]  # fmt: skip
     toys.update({t.name: t for t in fast})
