@@ -923,7 +923,7 @@ _RESID_MLP2_FAST = (
 
 
 def _resid_mlp2_fast_pd(pd: PDConfig) -> dict[str, Any]:
-    """The ``resid_mlp2_fast`` recipe's changes (38 runs on a TPU and two on this CPU,
+    """The ``resid_mlp2_fast`` recipe's changes (38 runs on a TPU and four on this CPU,
     docs/toys.md, "resid_mlp2 recipes on the TPU"): lr 2e-3 (at 4e-3 features split over two
     components in both layers); C 26 on ``mlp_out``, which is one rank-25 block a layer in every
     run; C 150 on ``mlp_in``; a ``shared_mlp`` CI function, without which one layer-1 component
