@@ -890,6 +890,27 @@ _RESID_MLP1_FAST = (
 )
 
 
+def _resid_fast_pd(pd: PDConfig, *, lr: float, c_in: int, c_out: int) -> dict[str, Any]:
+    """What the residual-MLP ``*_fast`` recipes share: 8000 steps at a constant ``lr``, C
+    ``c_in`` on ``mlp_in`` and ``c_out`` on ``mlp_out``, and the paper's importance term at 2e-5
+    with p annealed 2 -> 1 over 50-70 % of the steps (after ``mlp_out`` has merged into one
+    block, docs/toys.md)."""
+    opt = OptimizerConfig(lr=lr, final_val_frac=1.0)
+    im, *recon = pd.loss_metrics
+    assert isinstance(im, ImportanceMinimality), im
+    im = attrs.evolve(im, coeff=2e-5, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
+    return {
+        "steps": 8000,
+        "components": opt,
+        "ci_fn": opt,
+        "loss_metrics": (im, *recon),
+        "decomposition_targets": (
+            DecompositionTarget(module_pattern="layers.*.mlp_in", C=c_in),
+            DecompositionTarget(module_pattern="layers.*.mlp_out", C=c_out),
+        ),
+    }
+
+
 def _resid_mlp1_fast_pd(pd: PDConfig) -> dict[str, Any]:
     """The ``resid_mlp1_fast`` recipe's changes (measured on seeds 0-2, docs/toys.md,
     "A resid_mlp1_fast that reproduces"): lr 4e-3 sorts ``mlp_in`` in ~2000 steps; its 20
@@ -898,21 +919,7 @@ def _resid_mlp1_fast_pd(pd: PDConfig) -> dict[str, Any]:
     one of the two as its own on 2 of 6 seed and rounding pairs); importance 2e-5
     merges that block sooner; p annealed to 1 after the block has merged (from step 4000)
     removes the single-feature columns that p = 2 leaves at small CI."""
-    opt = OptimizerConfig(lr=4e-3, final_val_frac=1.0)
-    im, *recon = pd.loss_metrics
-    assert isinstance(im, ImportanceMinimality), im
-    im = attrs.evolve(im, coeff=2e-5, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
-    return {
-        "steps": 8000,
-        "batch_size": 512,
-        "components": opt,
-        "ci_fn": opt,
-        "loss_metrics": (im, *recon),
-        "decomposition_targets": (
-            DecompositionTarget(module_pattern="layers.*.mlp_in", C=120),
-            DecompositionTarget(module_pattern="layers.*.mlp_out", C=51),
-        ),
-    }
+    return {**_resid_fast_pd(pd, lr=4e-3, c_in=120, c_out=51), "batch_size": 512}
 
 
 _RESID_MLP2_FAST = (
@@ -930,20 +937,9 @@ def _resid_mlp2_fast_pd(pd: PDConfig) -> dict[str, Any]:
     stays on for several features beside their own (its CI, a function of its own inner
     activation alone, cannot tell them apart); batch 2048 (512 left twice the stray entries);
     p annealed to 1 late, as ``resid_mlp1_fast``'s."""
-    opt = OptimizerConfig(lr=2e-3, final_val_frac=1.0)
-    im, *recon = pd.loss_metrics
-    assert isinstance(im, ImportanceMinimality), im
-    im = attrs.evolve(im, coeff=2e-5, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
     return {
-        "steps": 8000,
-        "components": opt,
-        "ci_fn": opt,
+        **_resid_fast_pd(pd, lr=2e-3, c_in=150, c_out=26),
         "ci": SharedMLPCI(hidden_dims=(256,)),
-        "loss_metrics": (im, *recon),
-        "decomposition_targets": (
-            DecompositionTarget(module_pattern="layers.*.mlp_in", C=150),
-            DecompositionTarget(module_pattern="layers.*.mlp_out", C=26),
-        ),
     }
 
 
