@@ -201,9 +201,11 @@ def test_a_decomposition_command_names_a_toy_as_a_toy(
     monkeypatch.chdir(tmp_path)
     err = _refused(tmp_path, capsys, ["submit", "builtin:tms_5_2", "--dry-run"])
     assert "builtin:tms_5_2 is a toy; this command takes decomposition configs" in err
-    argv = ["sweep", "builtin:tms_5_2", "--set-grid", "seed=[0,1]", "--sweep-dir", "s"]
+    # A toy sweep runs here: an array job of it is refused, naming --slurm.
+    argv = ["sweep", "builtin:tms_5_2", "--set-grid", "seed=[0,1]", "--sweep-dir", "s", "--slurm"]
     err = _refused(tmp_path, capsys, argv)
-    assert "config: builtin:tms_5_2 is a toy config; pd-train sweep runs decomposition" in err
+    assert "--slurm: builtin:tms_5_2 is a toy: its points run here" in err
+    assert not (tmp_path / "s").exists()
 
 
 # --- pd-train sweep ------------------------------------------------------------------------

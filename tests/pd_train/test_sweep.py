@@ -140,3 +140,92 @@ def test_a_seed_and_lr_sweep_prepares_a_run_dir_per_point_and_compiles_the_step_
     misses = [line for line in err.splitlines() if line.startswith("cache miss: ")]
     assert len(misses) == 1 and "holds no programs yet" in misses[0], err
     assert list((tmp_path / "cache" / "program-records").glob("train_step-*.json"))
+
+
+# --- toy sweeps -------------------------------------------------------------------------------
+
+
+def test_a_bad_toy_point_refuses_the_whole_toy_sweep_and_writes_nothing(
+    tmp_path: Path, capsys
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    grid = ["--set-grid", "eval_every=[100,150]", "--set-grid", "pd.components.lr=[1e-2,-1.0]"]
+    argv = ["sweep", "builtin:tms_5_2_fast", *grid, "--sweep-dir", str(sweep_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    # Every bad point is named with the field path (the K-step cadence, the lr's bound).
+    assert (
+        "eval_every: point 2 (eval_every=150, pd.components.lr=0.01): got 150; must be a "
+        "multiple of steps_per_call (100)"
+    ) in err, err
+    assert "pd.components.lr: point 1 (eval_every=100, pd.components.lr=-1.0): got -1.0" in err
+    assert "point 0 " not in err, err
+    assert not sweep_dir.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []
+    # --dry-run of good points prints the plan and writes nothing.
+    argv = ["sweep", "builtin:tms_5_2_fast", "--set-grid", "seed=[3,4]", "--dry-run"]
+    assert main([*argv, "--sweep-dir", str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "#   point-000: seed=3" in out and "#   point-001: seed=4" in out, out
+    assert not sweep_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_toy_sweep_runs_each_point_and_tabulates_the_reference_verdict(
+    tmp_path: Path, capfd
+) -> None:
+    """Two seeds of a shortened tms_5_2_fast: each point runs its own resolved toy config in
+    its prepared run dir, and the summary shows each run's verdict as its summary.json has it."""
+    sweep_dir = tmp_path / "sweep"
+    argv = ["sweep", "builtin:tms_5_2_fast", "--set", "pd.steps=200", "--set-grid", "seed=[0,1]"]
+    assert main([*argv, "--sweep-dir", str(sweep_dir)]) == 0
+    out, _ = capfd.readouterr()
+    rows = [line for line in out.splitlines() if line.startswith("| point-")]
+    header = next(line for line in out.splitlines() if line.startswith("| point |"))
+    columns = [cell.strip() for cell in header.split("|")]
+    assert columns[1:7] == [
+        "point",
+        "seed",
+        "status",
+        "final step",
+        "reproduced",
+        "IdentityCIError",
+    ]
+    assert "MMCS" in columns and "loss/total" in columns, header
+    assert "DenseCIError" not in columns  # TMS 5-2 has no dense site
+    for seed, row in zip((0, 1), rows, strict=True):
+        run_dir = sweep_dir / f"point-{seed:03d}"
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert config["toy"] == "tms_5_2_fast" and config["seed"] == seed
+        assert config["pd"]["steps"] == 200
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["steps"] == 200
+        cells = [cell.strip() for cell in row.split("|")]
+        assert cells[columns.index("status")] == "done"
+        assert cells[columns.index("final step")] == "199"
+        assert cells[columns.index("reproduced")] == ("yes" if summary["reproduced"] else "no")
+        want = f"{summary['gt/identity_ci_error']:.0f}"
+        assert cells[columns.index("IdentityCIError")] == want
+        assert cells[columns.index("MMCS")] == f"{summary['gt/mmcs']:.3f}"
+    # Two seeds, two runs.
+    assert (
+        rows[0].split("|")[columns.index("loss/total")]
+        != rows[1].split("|")[columns.index("loss/total")]
+    )
+    assert (sweep_dir / "summary.md").read_text() in out
+
+
+def test_a_toy_run_refuses_a_run_dir_prepared_for_another_config(tmp_path: Path, capsys) -> None:
+    """A run dir holding only a toy config starts the run of that config, and no other."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    other = {"toy": "tms_5_2_fast", "seed": 5}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(other))
+    argv = ["run", "builtin:tms_5_2_fast", "--run-dir", str(run_dir), "--max-steps", "100"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--run-dir: {run_dir} holds a config.yaml that is not this run's" in err, err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
+    (run_dir / "notes.txt").write_text("mine")
+    assert main(argv) == 2
+    assert f"{run_dir} exists and is not empty" in capsys.readouterr().err

@@ -21,6 +21,11 @@ Order (nothing is written before every point passed every check):
    with ``--slurm`` one SLURM array job is submitted through pd-launch instead, task i running
    point i exactly as ``pd-train submit`` runs a run dir (resuming when it has a checkpoint).
 
+A toy config (``builtin:tms_5_2_fast``, a toy's YAML) sweeps the same way, locally: each point
+is validated as ``pd-train run`` validates a toy (:func:`pd_train.cli.toy.load_toy_config`),
+its ``config.yaml`` is the resolved toy config, and the summary adds the reference's verdict
+(reproduced, IdentityCIError, DenseCIError, MMCS) from each point's ``summary.json``.
+
 ``--dry-run`` validates and prints the plan (with ``--slurm``: the sbatch script) and writes
 nothing. Exit codes: 0 every point ran (or was submitted), 1 a point failed (the others still
 ran), 2 bad input, 130 stopped by Ctrl-C.
@@ -66,7 +71,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "--set-grid 'pd.loss_metrics[1].coeff=[1e-4,3e-4]' (4 points)."
         ),
     )
-    p.add_argument("config", help="YAML config (builtin:NAME names a shipped one)")
+    p.add_argument(
+        "config",
+        help="YAML config or toy config (builtin:NAME names a shipped one: builtin:default, "
+        "builtin:tms_5_2_fast, ...)",
+    )
     add_override_argument(p, what="a field for every point")
     p.add_argument(
         "--set-grid",
@@ -267,11 +276,11 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _write_sweep_dir(
-    sweep_dir: Path, args: argparse.Namespace, points: Sequence[Point], prepared: Sequence[Any]
+    sweep_dir: Path, args: argparse.Namespace, points: Sequence[Point], configs: Sequence[str]
 ) -> None:
-    """Fill a hidden temporary directory beside ``sweep_dir``, then rename it into place."""
+    """Fill a hidden temporary directory beside ``sweep_dir`` (each point's resolved config
+    text from ``configs``), then rename it into place."""
     from pd_train import run as runner
-    from pd_train.config.run import to_yaml
 
     sweep_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = sweep_dir.with_name(f".{sweep_dir.name}.preparing-{uuid.uuid4().hex[:8]}")
@@ -292,10 +301,10 @@ def _write_sweep_dir(
             ],
         }
         _write_json(staging / SWEEP_FILE, record)
-        for point, prep in zip(points, prepared, strict=True):
+        for point, text in zip(points, configs, strict=True):
             run_dir = staging / point.name
             run_dir.mkdir()
-            (run_dir / runner.CONFIG_FILE).write_text(to_yaml(prep.config))
+            (run_dir / runner.CONFIG_FILE).write_text(text)
             _write_json(
                 run_dir / POINT_FILE,
                 {
@@ -349,14 +358,47 @@ def _final_losses(run_dir: Path) -> tuple[int | None, dict[str, float]]:
     return int(last["step"]), losses
 
 
+#: A toy run's verdict in its ``summary.json`` (:func:`pd_train.cli.toy.run_toy_cli`): the
+#: summary table's column for each key a point has.
+TOY_RESULTS = (
+    ("reproduced", "reproduced"),
+    ("gt/identity_ci_error", "IdentityCIError"),
+    ("gt/dense_ci_error", "DenseCIError"),
+    ("gt/mmcs", "MMCS"),
+)
+
+
+def _toy_results(run_dir: Path) -> dict[str, str]:
+    """A toy point's verdict (``TOY_RESULTS``' columns) from its ``summary.json``; empty for
+    a decomposition run or a toy run that did not finish."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(summary, dict) or "reproduced" not in summary:
+        return {}
+    cells = {}
+    for key, column in TOY_RESULTS:
+        value = summary.get(key)
+        if isinstance(value, bool):
+            cells[column] = "yes" if value else "no"
+        elif isinstance(value, int | float):
+            cells[column] = f"{value:.3f}" if key == "gt/mmcs" else f"{value:.0f}"
+    return cells
+
+
 def summary_table(sweep_dir: Path, points: Sequence[Point], status: dict[int, str]) -> str:
-    """A markdown table: point, its grid values, status, final step and losses."""
+    """A markdown table: point, its grid values, status, final step, a toy's verdict (where the
+    points are toy runs) and the final losses."""
     finals = {p.index: _final_losses(sweep_dir / p.name) for p in points}
+    verdicts = {p.index: _toy_results(sweep_dir / p.name) for p in points}
     names: list[str] = ["loss/total"] if any("loss/total" in f[1] for f in finals.values()) else []
     for _, losses in finals.values():
         names += [n for n in losses if n not in names]
+    shown = [c for _, c in TOY_RESULTS if any(c in v for v in verdicts.values())]
     paths = [path for path, _ in points[0].grid] if points else []
-    header = ["point", *paths, "status", "final step", *names]
+    header = ["point", *paths, "status", "final step", *shown, *names]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in points:
         step, losses = finals[p.index]
@@ -365,6 +407,7 @@ def summary_table(sweep_dir: Path, points: Sequence[Point], status: dict[int, st
             *(json.dumps(v) for _, v in p.grid),
             status.get(p.index, "not run"),
             "-" if step is None else str(step),
+            *(verdicts[p.index].get(c, "-") for c in shown),
             *(f"{losses[n]:.6g}" if n in losses else "-" for n in names),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -441,7 +484,7 @@ def array_job(config: Any, sweep_dir: Path, points: Sequence[Point], *, chdir: P
 
 
 def _submit_array(
-    job: Any, sweep_dir: Path, args: argparse.Namespace, points: Sequence[Point], prepared: Any
+    job: Any, sweep_dir: Path, args: argparse.Namespace, points: Sequence[Point], configs: Any
 ) -> int:
     import pd_launch
 
@@ -453,7 +496,7 @@ def _submit_array(
         )
         print(f"pd-train sweep: error: {msg}", file=sys.stderr)
         return 1
-    _write_sweep_dir(sweep_dir, args, points, prepared)
+    _write_sweep_dir(sweep_dir, args, points, configs)
     log_dir = Path(str(job.output)).parent
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -475,20 +518,82 @@ def _submit_array(
 # The command
 
 
-def sweep(args: argparse.Namespace) -> int:
-    from pd_train import run as runner
-    from pd_train.cli._common import config_source, is_toy_config
+def _validate_toy(value: str, points: Sequence[Point]) -> list[dict[str, Any]]:
+    """Each point's resolved toy config (:func:`pd_train.cli.toy.load_toy_config`); raises one
+    ConfigError listing every bad point."""
+    from pd_train.cli import toy as toy_cli
 
-    if is_toy_config(args.config):
+    resolved, problems = [], []
+    for point in points:
+        try:
+            resolved.append(toy_cli.load_toy_config(value, point.overrides))
+        except ConfigError as exc:
+            where = f"point {point.index} ({point.describe()})"
+            problems += [(path, f"{where}: {message}") for path, message in exc.problems]
+    if problems:
+        source = None if value.startswith("builtin:") else value
+        raise ConfigError(problems, source=source)
+    return resolved
+
+
+def _check_sweep_dir(sweep_dir: Path) -> None:
+    if sweep_dir.exists():
+        msg = f"{sweep_dir} already exists; a sweep always starts in a new directory"
+        raise ConfigError([("--sweep-dir", msg)])
+    from pd_train import run as runner
+
+    problem = runner.directory_problem(sweep_dir.parent, base=Path.cwd())
+    if problem is not None:
+        raise ConfigError([("--sweep-dir", problem)])
+
+
+def _print_plan(sweep_dir: Path, points: Sequence[Point], notes: Sequence[str]) -> None:
+    print(f"# --dry-run: nothing written. {len(points)} points in {sweep_dir}:")
+    for point in points:
+        print(f"#   {point.name}: {point.describe()}")
+    for note in notes:
+        print(f"# {note}")
+
+
+def _toy_sweep(args: argparse.Namespace) -> int:
+    """:func:`sweep` of a toy config: validated as a toy run is, run here (a toy run is one
+    process; there is no array job for it)."""
+    import yaml
+
+    from pd_train._output_paths import dated_dir
+
+    if args.slurm:
         msg = (
-            f"{args.config} is a toy config; pd-train sweep runs decomposition configs. Run a "
-            f"toy's points one by one: pd-train run {args.config} --set seed=N"
+            f"{args.config} is a toy: its points run here, one after another (a toy run is one "
+            "process, not a SLURM job); leave --slurm out"
         )
-        raise ConfigError([("config", msg)])
+        raise ConfigError([("--slurm", msg)])
+    points = plan_points(args.overrides, args.grids)
+    resolved = _validate_toy(args.config, points)
+    sweep_dir = (
+        args.sweep_dir.expanduser().absolute()
+        if args.sweep_dir is not None
+        else dated_dir(Path.cwd() / "outputs", f"{resolved[0]['toy']}-sweep")
+    )
+    _check_sweep_dir(sweep_dir)
+    if args.dry_run:
+        _print_plan(sweep_dir, points, [])
+        return 0
+    configs = [yaml.safe_dump(raw, sort_keys=False) for raw in resolved]
+    _write_sweep_dir(sweep_dir, args, points, configs)
+    return _run_points(sweep_dir, points, max_steps=args.max_steps)
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from pd_train.cli._common import config_source, is_toy_config
+    from pd_train.config.run import to_yaml
+
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError([("--max-steps", f"got {args.max_steps}; must be >= 1")])
     if args.slurm and args.max_steps is not None:
         raise ConfigError([("--max-steps", "is for local runs; leave it out with --slurm")])
+    if is_toy_config(args.config):
+        return _toy_sweep(args)
     source = config_source(args.config)
     points = plan_points(args.overrides, args.grids)
     prepared = _validate(source, points, slurm=args.slurm)
@@ -497,31 +602,23 @@ def sweep(args: argparse.Namespace) -> int:
         if args.sweep_dir is not None
         else _default_sweep_dir(prepared[0])
     )
-    if sweep_dir.exists():
-        msg = f"{sweep_dir} already exists; a sweep always starts in a new directory"
-        raise ConfigError([("--sweep-dir", msg)])
-    problem = runner.directory_problem(sweep_dir.parent, base=Path.cwd())
-    if problem is not None:
-        raise ConfigError([("--sweep-dir", problem)])
+    _check_sweep_dir(sweep_dir)
 
     job = None
     if args.slurm:
         job = array_job(prepared[0].config, sweep_dir, points, chdir=Path.cwd())
     notes = structural_notes(points, prepared[0].raw)
     if args.dry_run:
-        print(f"# --dry-run: nothing written. {len(points)} points in {sweep_dir}:")
-        for point in points:
-            print(f"#   {point.name}: {point.describe()}")
-        for note in notes:
-            print(f"# {note}")
+        _print_plan(sweep_dir, points, notes)
         if job is not None:
             import pd_launch
 
             print(pd_launch.render_script(job), end="")
         return 0
+    configs = [to_yaml(p.config) for p in prepared]
     if job is not None:
-        return _submit_array(job, sweep_dir, args, points, prepared)
-    _write_sweep_dir(sweep_dir, args, points, prepared)
+        return _submit_array(job, sweep_dir, args, points, configs)
+    _write_sweep_dir(sweep_dir, args, points, configs)
     for note in notes:
         print(f"pd-train sweep: {note}")
     return _run_points(sweep_dir, points, max_steps=args.max_steps)

@@ -288,6 +288,37 @@ def _toy_progress(terminal: Any, n_steps: int, *, start: int) -> Any:
     return ToyProgress()
 
 
+#: What a toy run dir may hold before its run starts: the run's own config (``pd-train sweep``
+#: writes each point's, with the point's ``point.json``).
+PREPARED_FILES = frozenset({"config.yaml", "point.json"})
+
+
+def _start_problem(run_dir: Path, raw: dict[str, Any]) -> str | None:
+    """Why a toy run cannot start in ``run_dir`` (None: absent, empty, or prepared for this
+    run: nothing but ``PREPARED_FILES``, its ``config.yaml`` this run's resolved config)."""
+    import yaml
+
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        return f"{run_dir} exists and is not a directory"
+    names = {p.name for p in run_dir.iterdir()}
+    if not names:
+        return None
+    if not names <= PREPARED_FILES or "config.yaml" not in names:
+        return f"{run_dir} exists and is not empty; resume it with --resume {run_dir}"
+    try:
+        prepared = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        prepared = None
+    if prepared != raw:
+        return (
+            f"{run_dir} holds a config.yaml that is not this run's; run it with `pd-train run "
+            f"{run_dir / 'config.yaml'} --run-dir {run_dir}`, or give a new --run-dir"
+        )
+    return None
+
+
 def run_toy_cli(
     value: str,
     overrides: Sequence[str] = (),
@@ -296,8 +327,9 @@ def run_toy_cli(
     max_steps: int | None = None,
     resume: bool = False,
 ) -> tuple[Path, str]:
-    """Decompose a toy into ``run_dir`` (refused if it already holds files, unless ``resume``:
-    then ``value`` is the run dir's ``config.yaml`` and the run continues from its latest
+    """Decompose a toy into ``run_dir`` (refused if it already holds files other than this
+    run's own config, as ``pd-train sweep`` prepares a point, unless ``resume``: then
+    ``value`` is the run dir's ``config.yaml`` and the run continues from its latest
     checkpoint, bit-exact at the same K); returns the run dir and the summary text.
 
     The steps run in :func:`pd_train.run.run_loop` with the toy's K-step step function; its
@@ -318,10 +350,8 @@ def run_toy_cli(
     if resume:
         if not (run_dir / "checkpoints").is_dir():
             raise ConfigError([("--resume", f"{run_dir} has no checkpoints to resume from")])
-    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ConfigError(
-            [("--run-dir", f"{run_dir} exists and is not empty; resume it with --resume {run_dir}")]
-        )
+    elif (problem := _start_problem(run_dir, raw)) is not None:
+        raise ConfigError([("--run-dir", problem)])
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
