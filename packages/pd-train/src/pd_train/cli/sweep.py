@@ -378,7 +378,7 @@ def _toy_results(run_dir: Path) -> dict[str, str]:
         return {}
     if not isinstance(summary, dict) or "reproduced" not in summary:
         return {}
-    cells = {}
+    cells: dict[str, str] = {}
     for key, column in TOY_RESULTS:
         value = summary.get(key)
         if isinstance(value, bool):
