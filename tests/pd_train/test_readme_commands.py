@@ -51,6 +51,8 @@ SKIPPED = {
     # run them on a run they make.
     "pd-train analyze": "needs a finished run (minutes)",
     "pd-train report": "needs a finished run (minutes)",
+    # Six toy decompositions one after another (minutes); test_sweep.py runs a toy sweep.
+    "pd-train sweep builtin:tms_5_2_fast": "six toy decompositions (minutes); see test_sweep.py",
     # A real submission: the user's weights, tokens and SLURM (the dry run above it is run).
     "pd-train submit configs/llama8b-full32L.yaml --set": "needs Llama-3-8B, tokens and SLURM",
     # Need a job id of a running SLURM cluster.
