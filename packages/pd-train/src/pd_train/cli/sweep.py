@@ -536,7 +536,9 @@ def _validate_toy(value: str, points: Sequence[Point]) -> list[dict[str, Any]]:
     return resolved
 
 
-def _check_sweep_dir(sweep_dir: Path) -> None:
+def _sweep_dir(args: argparse.Namespace, default: Path) -> Path:
+    """``--sweep-dir`` (else ``default``), checked: new, and in a directory that can hold it."""
+    sweep_dir = args.sweep_dir.expanduser().absolute() if args.sweep_dir is not None else default
     if sweep_dir.exists():
         msg = f"{sweep_dir} already exists; a sweep always starts in a new directory"
         raise ConfigError([("--sweep-dir", msg)])
@@ -545,6 +547,7 @@ def _check_sweep_dir(sweep_dir: Path) -> None:
     problem = runner.directory_problem(sweep_dir.parent, base=Path.cwd())
     if problem is not None:
         raise ConfigError([("--sweep-dir", problem)])
+    return sweep_dir
 
 
 def _print_plan(sweep_dir: Path, points: Sequence[Point], notes: Sequence[str]) -> None:
@@ -570,12 +573,7 @@ def _toy_sweep(args: argparse.Namespace) -> int:
         raise ConfigError([("--slurm", msg)])
     points = plan_points(args.overrides, args.grids)
     resolved = _validate_toy(args.config, points)
-    sweep_dir = (
-        args.sweep_dir.expanduser().absolute()
-        if args.sweep_dir is not None
-        else dated_dir(Path.cwd() / "outputs", f"{resolved[0]['toy']}-sweep")
-    )
-    _check_sweep_dir(sweep_dir)
+    sweep_dir = _sweep_dir(args, dated_dir(Path.cwd() / "outputs", f"{resolved[0]['toy']}-sweep"))
     if args.dry_run:
         _print_plan(sweep_dir, points, [])
         return 0
@@ -597,12 +595,7 @@ def sweep(args: argparse.Namespace) -> int:
     source = config_source(args.config)
     points = plan_points(args.overrides, args.grids)
     prepared = _validate(source, points, slurm=args.slurm)
-    sweep_dir = (
-        args.sweep_dir.expanduser().absolute()
-        if args.sweep_dir is not None
-        else _default_sweep_dir(prepared[0])
-    )
-    _check_sweep_dir(sweep_dir)
+    sweep_dir = _sweep_dir(args, _default_sweep_dir(prepared[0]))
 
     job = None
     if args.slurm:
