@@ -84,3 +84,23 @@ def test_a_toy_run_is_a_run_resumed_analyzed_and_reported(
     assert 'id="ground-truth"' in page and "layers.0.linear2" in page
     assert 'alt="permuted ci"' in page and 'alt="uv"' in page
     assert "No metrics recorded yet" not in page
+
+
+def test_a_failed_plot_loses_no_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plots are drawn after the summary and the last checkpoint are written: a plot that
+    fails (here: matplotlib missing, as on a bare accelerator machine) raises, and what the run
+    measured is on disk."""
+    import pd_train.targets.toys as toys
+
+    def no_matplotlib(*args: object, **kwargs: object) -> None:
+        raise ModuleNotFoundError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(toys, "write_plots", no_matplotlib)
+    run = tmp_path / "run"
+    with pytest.raises(ModuleNotFoundError, match="matplotlib"):
+        main(["run", "builtin:tms_5_2_fast", *SETS, "--run-dir", str(run)])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 20 and "gt/identity_ci_error" in summary
+    assert "reproduced by the reference's criteria" in (run / "summary.txt").read_text()
+    assert Checkpoints(run / "checkpoints").steps() == [10, 20]
+    assert not (run / "plots").exists()

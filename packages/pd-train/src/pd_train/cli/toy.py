@@ -380,7 +380,15 @@ def _run_toy(
     from pd_train.run.distributed import Placement
     from pd_train.run.hooks import StopHook
     from pd_train.run.signals import StopSignals
-    from pd_train.targets.toys import keep_freed_memory, run_toy
+    from pd_train.targets.toys import (
+        keep_freed_memory,
+        make_target,
+        run_toy,
+        toy_config,
+        toy_trainer,
+        toy_weights,
+        write_plots,
+    )
 
     keep_freed_memory()  # no page faults of the programs' temporaries on every call
     name = raw["toy"]
@@ -422,8 +430,10 @@ def _run_toy(
     stop = StopHook(signals, Placement())
     # The toy's compiles announced as a Llama run's are, each with its time (nothing recorded).
     recorder = Recorder(None, mode="run", on_compile=_ToyCompiles(terminal.compile_announcer()))
+    toy = toy_config(name)
+    trainer = toy_trainer(make_target(toy), pd)
     with signals, recorder, recorder.phase("toy"):
-        result, ci, _ = run_toy(
+        result, ci, params = run_toy(
             name,
             seed=raw["seed"],
             pd=pd,
@@ -433,10 +443,10 @@ def _run_toy(
             log_every=raw["log_every"],
             eval_every=raw["eval_every"],
             on_eval=on_eval,
-            plots=run_dir / "plots",
             checkpoints=checkpoints,
             checkpoint_every=raw["save_every"],
             resume=resume,
+            trainer=trainer,
             hooks=(stop, progress),
             on_warmup=on_warmup,
             devices=raw["devices"],
@@ -462,6 +472,8 @@ def _run_toy(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     text = summary_text(name, summary, k=k, run_dir=run_dir)
     (run_dir / "summary.txt").write_text(text)
+    # After the summary: what the run measured is on disk before anything is drawn.
+    write_plots(toy, trainer, params, toy_weights(name), ci, run_dir / "plots")
     return run_dir, text
 
 
