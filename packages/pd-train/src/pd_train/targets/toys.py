@@ -958,9 +958,10 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     and per-component ``mlp`` [128] CI, the reference's current importance 1e-5, C 150 / 18
     (the residual MLPs' ``mlp_out`` is one rank-17 block a layer from the first eval on), and
     the late p anneal of the other residual-MLP recipes. At step 24 000 (of 30 000) it left
-    IdentityCIError 43, falling, with 97-101 of the 102 ``mlp_in`` features a layer alive; lr
-    2e-3 with importance 2e-5 lost 12 of layer 0's features for good by step 6000 and stayed at
-    60-63 from step 42 000 to 60 000."""
+    IdentityCIError 43, falling, with 97-101 ``mlp_in`` components a layer alive for the 102
+    features; at lr 2e-3 and importance 2e-5, 12 of layer 0's features were merged onto other
+    features' components by step 12 000 for good, and the count stayed at 60-63 from step
+    42 000 to 60 000."""
     fast = _resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18)
     im, *recon = fast["loss_metrics"]
     return {**fast, "steps": 30_000, "loss_metrics": (attrs.evolve(im, coeff=1e-5), *recon)}
