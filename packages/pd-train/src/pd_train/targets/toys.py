@@ -890,15 +890,17 @@ _RESID_MLP1_FAST = (
 )
 
 
-def _resid_fast_pd(pd: PDConfig, *, lr: float, c_in: int, c_out: int) -> dict[str, Any]:
+def _resid_fast_pd(
+    pd: PDConfig, *, lr: float, c_in: int, c_out: int, coeff: float = 2e-5
+) -> dict[str, Any]:
     """What the residual-MLP ``*_fast`` recipes share: 8000 steps at a constant ``lr``, C
-    ``c_in`` on ``mlp_in`` and ``c_out`` on ``mlp_out``, and the paper's importance term at 2e-5
-    with p annealed 2 -> 1 over 50-70 % of the steps (after ``mlp_out`` has merged into one
+    ``c_in`` on ``mlp_in`` and ``c_out`` on ``mlp_out``, and the paper's importance term at
+    ``coeff`` with p annealed 2 -> 1 over 50-70 % of the steps (after ``mlp_out`` has merged into one
     block, docs/toys.md)."""
     opt = OptimizerConfig(lr=lr, final_val_frac=1.0)
     im, *recon = pd.loss_metrics
     assert isinstance(im, ImportanceMinimality), im
-    im = attrs.evolve(im, coeff=2e-5, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
+    im = attrs.evolve(im, coeff=coeff, pnorm_end=1.0, anneal_start_frac=0.5, anneal_end_frac=0.7)
     return {
         "steps": 8000,
         "components": opt,
@@ -962,9 +964,7 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     features; at lr 2e-3 and importance 2e-5, 12 of layer 0's features were merged onto other
     features' components by step 12 000 for good, and the count stayed at 60-63 from step
     42 000 to 60 000."""
-    fast = _resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18)
-    im, *recon = fast["loss_metrics"]
-    return {**fast, "steps": 30_000, "loss_metrics": (attrs.evolve(im, coeff=1e-5), *recon)}
+    return {**_resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18, coeff=1e-5), "steps": 30_000}
 
 
 def _builtin() -> dict[str, ToyConfig]:
