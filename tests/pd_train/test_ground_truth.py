@@ -13,8 +13,11 @@ from pd_train.analysis.ground_truth import (
     alive_components,
     component_neuron_contributions,
     dense_ci_error,
+    describe_identity_failures,
     ground_truth_table,
     identity_ci_error,
+    identity_failures,
+    identity_failures_by_site,
     mmcs_ml2r,
     neuron_contributions,
     permute_to_identity,
@@ -47,6 +50,60 @@ def test_identity_ci_error_counts_entries_off_the_permuted_identity() -> None:
     assert identity_ci_error(np.diag([1.0, 1.0, 0.0])) == 1
     with pytest.raises(ValueError, match="3 components cannot"):
         identity_ci_error(np.ones((4, 3)))
+
+
+def test_identity_failures_are_what_identity_ci_error_counts() -> None:
+    """IDENTITY_CASE's three errors by name: feature 1's own component (2) is at 0.85, and
+    component 3 is on for features 1 (0.2) and 2 (0.15); 0.05 is within the tolerance."""
+    failures = identity_failures(IDENTITY_CASE)
+    assert failures == {
+        "without_own": [1],
+        "extra": [[1, 3, 0.2], [2, 3, 0.15]],
+        "shared": [[3, [1, 2]]],
+    }
+    assert describe_identity_failures(failures) == [
+        "1 feature(s) without a component ≥ 0.9 of their own: 1",
+        "1 component(s) on for several features: component (features) 3 (1, 2)",
+    ]
+    # Two features on one component: one keeps it, the other has none of its own (2 errors).
+    merged = np.array([[0.0, 0.95, 0.0], [0.0, 0.95, 0.0]])
+    assert identity_failures(merged) == {
+        "without_own": [1],
+        "extra": [[1, 1, 0.95]],
+        "shared": [[1, [0, 1]]],
+    }
+    assert identity_ci_error(merged) == 2
+    # A feature also on a second component no other feature uses (1 error).
+    split = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.0]])
+    assert identity_failures(split) == {"without_own": [], "extra": [[0, 2, 0.5]], "shared": []}
+    assert describe_identity_failures(identity_failures(split)) == [
+        "1 feature(s) also on a second component that no other feature uses: feature "
+        "(component) 0 (2)"
+    ]
+    # Fifteen dead features: the first twelve listed, then how many more.
+    dead = describe_identity_failures(identity_failures(np.zeros((15, 15))))
+    assert dead == [
+        "15 feature(s) without a component ≥ 0.9 of their own: "
+        "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, … (3 more)"
+    ]
+    # Per site: only the identity sites with errors.
+    by_site = identity_failures_by_site(
+        {"a.in": IDENTITY_CASE, "b.in": np.eye(3, 4), "a.out": np.zeros((3, 4))}, ("*.in",)
+    )
+    assert list(by_site) == ["a.in"] and by_site["a.in"] == failures
+    with pytest.raises(ValueError, match="3 components cannot"):
+        identity_failures(np.ones((4, 3)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_identity_failures_add_up_to_identity_ci_error(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    f, c = int(rng.integers(1, 12)), int(rng.integers(12, 20))
+    ci = np.where(rng.random((f, c)) < 0.3, rng.random((f, c)), 0.0)
+    failures = identity_failures(ci)
+    assert len(failures["without_own"]) + len(failures["extra"]) == identity_ci_error(ci)
+    for j, features in failures["shared"]:
+        assert features == [i for i in range(f) if ci[i, j] > 0.1] and len(features) >= 2
 
 
 def test_identity_ci_error_is_not_the_lenient_l1_distance() -> None:

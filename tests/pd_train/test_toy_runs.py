@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from pd_train.analysis.ground_truth import describe_identity_failures
 from pd_train.cli import main
 from pd_train.run.checkpoints import Checkpoints
 
@@ -55,6 +56,16 @@ def test_a_toy_run_is_a_run_resumed_analyzed_and_reported(
     assert train == [0, 5, 10, 15, 19]
     assert [r["phase"] for r in records][-1] == "eval" and "gt/identity_ci_error" in records[-1]
     assert Checkpoints(whole / "checkpoints").steps() == [10, 20]
+    # What each site's nonzero IdentityCIError is made of, in the summary and its text.
+    summary = json.loads((whole / "summary.json").read_text())
+    text = (whole / "summary.txt").read_text()
+    for site in ("layers.0.linear1", "layers.0.linear2"):
+        count = summary[f"gt/identity_ci_error/{site}"]
+        failures = summary["identity_failures"].get(site)
+        assert (failures is not None) == (count > 0), (site, count)
+        if failures:
+            assert len(failures["without_own"]) + len(failures["extra"]) == count
+            assert describe_identity_failures(failures)[0] in text
 
     # Stopped after 10 steps, then resumed: the same params as the run that went through.
     assert (
@@ -83,6 +94,7 @@ def test_a_toy_run_is_a_run_resumed_analyzed_and_reported(
     assert "Ground truth (the reference&#x27;s metrics)" in page or "Ground truth" in page
     assert 'id="ground-truth"' in page and "layers.0.linear2" in page
     assert 'alt="permuted ci"' in page and 'alt="uv"' in page
+    assert ('id="identity-failures"' in page) == bool(summary["identity_failures"])
     assert "No metrics recorded yet" not in page
 
 

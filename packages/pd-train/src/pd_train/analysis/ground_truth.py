@@ -9,6 +9,10 @@ component of one site on the input 0.75·e_i (the reference's ``input_magnitude`
   matrix's smaller side is ≥ 500), then count the entries off by more than ``tolerance``: off
   the diagonal above ``tolerance``, on the diagonal below ``1 − tolerance``. 0 = one component
   per feature, fully on, every other off.
+- :func:`identity_failures` (pd's, not the reference's): the entries IdentityCIError counts,
+  by feature and component: the features without a fully-on component of their own, the other
+  entries above ``tolerance`` and the components on for several features. It tells what a
+  nonzero IdentityCIError is made of; :func:`identity_failures_by_site` gathers it per site.
 - :func:`dense_ci_error` (``DenseCIError``, the reference's ``DenseCIPattern``): sort the
   columns by their CI mass; each of the first ``k`` columns missing a strong (≥ 1 − tolerance)
   entry counts 1, every entry above ``tolerance`` in the other columns counts 1.
@@ -47,8 +51,11 @@ __all__ = [
     "alive_components",
     "component_neuron_contributions",
     "dense_ci_error",
+    "describe_identity_failures",
     "ground_truth_table",
     "identity_ci_error",
+    "identity_failures",
+    "identity_failures_by_site",
     "mmcs_ml2r",
     "neuron_contributions",
     "permute_to_dense",
@@ -119,6 +126,80 @@ def identity_ci_error(ci: np.ndarray, tolerance: float = TOLERANCE) -> int:
     off = permuted.copy()
     off[np.arange(n), np.arange(n)] = 0.0
     return int(np.sum(off > tolerance) + np.sum(diag < 1.0 - tolerance))
+
+
+def identity_failures(ci: np.ndarray, tolerance: float = TOLERANCE) -> dict[str, list[Any]]:
+    """What :func:`identity_ci_error` counts in ci [F, C], by feature, under its assignment of a
+    component to each feature (component indices are ci's columns):
+
+    - ``without_own``: the features whose assigned component's CI is below ``1 − tolerance``;
+    - ``extra``: ``[feature, component, ci]`` for every other entry above ``tolerance``;
+    - ``shared``: ``[component, [features]]`` for every component above ``tolerance`` on two
+      or more features (each of its entries but the assigned one is also in ``extra``).
+
+    ``len(without_own) + len(extra) == identity_ci_error(ci)``."""
+    ci = _check_2d(ci, "identity_failures")
+    n, c = ci.shape
+    if c < n:
+        msg = f"identity_failures: {c} components cannot give each of {n} features its own"
+        raise ValueError(msg)
+    _, perm = permute_to_identity(ci)
+    own = perm[:n]
+    without_own = [int(i) for i in range(n) if ci[i, own[i]] < 1.0 - tolerance]
+    on = ci > tolerance
+    on[np.arange(n), own] = False
+    extra = [[int(i), int(j), round(float(ci[i, j]), 4)] for i, j in np.argwhere(on)]
+    shared = [
+        [int(j), [int(i) for i in np.nonzero(ci[:, j] > tolerance)[0]]]
+        for j in range(c)
+        if int(np.sum(ci[:, j] > tolerance)) >= 2
+    ]
+    return {"without_own": without_own, "extra": extra, "shared": shared}
+
+
+def identity_failures_by_site(
+    ci_by_site: Mapping[str, np.ndarray], identity: tuple[str, ...], tolerance: float = TOLERANCE
+) -> dict[str, dict[str, list[Any]]]:
+    """:func:`identity_failures` of every site an ``identity`` fnmatch pattern matches whose
+    IdentityCIError is not 0."""
+    out = {}
+    for site, ci in ci_by_site.items():
+        if any(fnmatch.fnmatch(site, p) for p in identity):
+            failures = identity_failures(ci, tolerance)
+            if failures["without_own"] or failures["extra"]:
+                out[site] = failures
+    return out
+
+
+def describe_identity_failures(failures: Mapping[str, list[Any]], *, limit: int = 12) -> list[str]:
+    """One line each for a site's :func:`identity_failures`: the features without their own
+    component, and the components on for several features (at most ``limit`` of each)."""
+
+    def listed(items: list[str]) -> str:
+        more = len(items) - limit
+        return ", ".join(items[:limit]) + (f", … ({more} more)" if more > 0 else "")
+
+    lines = []
+    if failures["without_own"]:
+        feats = [str(i) for i in failures["without_own"]]
+        lines.append(
+            f"{len(feats)} feature(s) without a component ≥ {1 - TOLERANCE:g} of their own: "
+            + listed(feats)
+        )
+    if failures["shared"]:
+        comps = [f"{j} ({', '.join(map(str, fs))})" for j, fs in failures["shared"]]
+        lines.append(
+            f"{len(comps)} component(s) on for several features: component (features) "
+            + listed(comps)
+        )
+    shared = {j for j, _ in failures["shared"]}
+    second = [f"{i} ({j})" for i, j, _ in failures["extra"] if j not in shared]
+    if second:
+        lines.append(
+            f"{len(second)} feature(s) also on a second component that no other feature uses: feature "
+            "(component) " + listed(second)
+        )
+    return lines
 
 
 def dense_ci_error(
@@ -328,7 +409,8 @@ def plot_neuron_contributions(target: np.ndarray, component: np.ndarray, path: P
 def ground_truth_section(run_dir: str | Path) -> list[str] | None:
     """The report's ground-truth section of a toy run dir (HTML fragments), or None when
     ``run_dir`` holds no toy run: the reference's metrics per site (alive, pd's alive on the
-    one-hot inputs, IdentityCIError, DenseCIError) and MMCS / ML2R, from the latest ``analysis/ground_truth-{step}.json``
+    one-hot inputs, IdentityCIError, DenseCIError), what a nonzero IdentityCIError is made of
+    (:func:`identity_failures`) and MMCS / ML2R, from the latest ``analysis/ground_truth-{step}.json``
     (``pd-train analyze``) or else the run's ``summary.json``, and the toy's PNGs under
     ``plots/`` (permuted CI, UV, directions, neuron contributions)."""
     import base64
@@ -383,6 +465,17 @@ def ground_truth_section(run_dir: str | Path) -> list[str] | None:
         '<th class="num">IdentityCIError</th><th class="num">DenseCIError</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+    failures = record.get("identity_failures") or {}
+    if failures:
+        items = "".join(
+            f"<li>{html.escape(site)}: "
+            + "; ".join(html.escape(d) for d in describe_identity_failures(f))
+            + "</li>"
+            for site, f in failures.items()
+        )
+        parts.append(
+            f'<p>What the IdentityCIError counts:</p><ul id="identity-failures">{items}</ul>'
+        )
     for png in sorted((run_dir / "plots").glob(f"{name}_*.png")):
         uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
         title = png.stem.removeprefix(f"{name}_").replace("_", " ")

@@ -375,6 +375,7 @@ def _run_toy(
     import numpy as np
 
     from pd_probe import Recorder
+    from pd_train.analysis.ground_truth import identity_failures_by_site
     from pd_train.outputs import MetricsLog
     from pd_train.run.checkpoints import Checkpoints
     from pd_train.run.distributed import Placement
@@ -467,6 +468,7 @@ def _run_toy(
         "samples_per_s": result["samples_per_s"],
         "reproduced": bool(result["reproduced"]),
         **gt,
+        "identity_failures": identity_failures_by_site(ci, toy.identity),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -479,7 +481,9 @@ def _run_toy(
 
 def summary_text(name: str, summary: dict[str, Any], *, k: int, run_dir: Path) -> str:
     """The toy run's summary: steps and rate, MMCS/ML2R, per site alive and the reference's
-    errors, and the verdict."""
+    errors (with what a nonzero IdentityCIError is made of), and the verdict."""
+    from pd_train.analysis.ground_truth import describe_identity_failures
+
     lines = [
         f"{name}: {summary['steps']} steps in {summary['time_s']:.1f} s "
         f"({summary['steps_per_s']:.1f} steps/s, K = {k})"
@@ -497,6 +501,9 @@ def summary_text(name: str, summary: dict[str, Any], *, k: int, run_dir: Path) -
         if f"gt/dense_ci_error/{site}" in summary:
             line += f", DenseCIError {summary[f'gt/dense_ci_error/{site}']:.0f}"
         lines.append(line)
+        failures = summary.get("identity_failures", {}).get(site)
+        if failures:
+            lines.extend(f"    {d}" for d in describe_identity_failures(failures))
     verdict = "yes" if summary["reproduced"] else "no"
     lines.append(f"reproduced by the reference's criteria: {verdict}")
     lines.append(f"run dir: {run_dir}")
@@ -623,6 +630,10 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
     import jax
     import numpy as np
 
+    from pd_train.analysis.ground_truth import (
+        describe_identity_failures,
+        identity_failures_by_site,
+    )
     from pd_train.config.io import ConfigError
     from pd_train.run.checkpoints import Checkpoints, abstract_like
     from pd_train.targets.toys import (
@@ -668,6 +679,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         "checkpoint_step": step,
         "reproduced": reproduced(toy, metrics),
         **metrics,
+        "identity_failures": identity_failures_by_site(ci, toy.identity),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     out.write_text(json.dumps(record, indent=1))
@@ -678,4 +690,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         + (f", MMCS {metrics['gt/mmcs']:.3f}" if "gt/mmcs" in metrics else "")
         + f" ({verdict} by the reference's criteria); wrote {out} and plots under {run_dir / 'plots'}"
     )
+    for site, failures in record["identity_failures"].items():
+        text += f"\n  {site}: IdentityCIError {metrics[f'gt/identity_ci_error/{site}']:.0f}"
+        text += "".join(f"\n    {d}" for d in describe_identity_failures(failures))
     return out, text
