@@ -959,11 +959,13 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     reproduce yet (docs/toys.md, "resid_mlp3 at 60 000 steps"): the paper's lr (1e-3), batch
     and per-component ``mlp`` [128] CI, the reference's current importance 1e-5, C 150 / 18
     (the residual MLPs' ``mlp_out`` is one rank-17 block a layer from the first eval on), and
-    the late p anneal of the other residual-MLP recipes. At step 24 000 (of 30 000) it left
-    IdentityCIError 43, falling, with 97-101 ``mlp_in`` components a layer alive for the 102
-    features; at lr 2e-3 and importance 2e-5, 12 of layer 0's features were merged onto other
-    features' components by step 12 000 for good, and the count stayed at 60-63 from step
-    42 000 to 60 000."""
+    the late p anneal of the other residual-MLP recipes. It ends at IdentityCIError 45 (43 at
+    step 24 000, then flat; 38 at 40 000 steps), with 97-101 ``mlp_in`` components a layer
+    alive for the 102 features: those left without a component of their own are mostly the
+    features the target computes least in that layer. At lr 2e-3 and importance 2e-5, 12 of
+    layer 0's features were merged onto other features' components by step 12 000 for good
+    (60-63 from step 42 000 to 60 000); at importance 5e-6, 305; with the ``shared_mlp`` CI,
+    463 (docs/toys.md, "resid_mlp3 to the end of its recipe")."""
     return {**_resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18, coeff=1e-5), "steps": 30_000}
 
 
