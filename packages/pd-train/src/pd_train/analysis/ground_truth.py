@@ -171,9 +171,12 @@ def identity_failures_by_site(
     return out
 
 
-def describe_identity_failures(failures: Mapping[str, list[Any]], *, limit: int = 12) -> list[str]:
-    """One line each for a site's :func:`identity_failures`: the features without their own
-    component, and the components on for several features (at most ``limit`` of each)."""
+def describe_identity_failures(
+    failures: Mapping[str, list[Any]], *, limit: int = 12, tolerance: float = TOLERANCE
+) -> list[str]:
+    """One line each for a site's :func:`identity_failures` (found at ``tolerance``): the
+    features without their own component, the components on for several features, and the
+    features also on a second component of their own (at most ``limit`` of each listed)."""
 
     def listed(items: list[str]) -> str:
         more = len(items) - limit
@@ -183,7 +186,7 @@ def describe_identity_failures(failures: Mapping[str, list[Any]], *, limit: int 
     if failures["without_own"]:
         feats = [str(i) for i in failures["without_own"]]
         lines.append(
-            f"{len(feats)} feature(s) without a component ≥ {1 - TOLERANCE:g} of their own: "
+            f"{len(feats)} feature(s) without a component ≥ {1 - tolerance:g} of their own: "
             + listed(feats)
         )
     if failures["shared"]:
@@ -196,8 +199,8 @@ def describe_identity_failures(failures: Mapping[str, list[Any]], *, limit: int 
     second = [f"{i} ({j})" for i, j, _ in failures["extra"] if j not in shared]
     if second:
         lines.append(
-            f"{len(second)} feature(s) also on a second component that no other feature uses: feature "
-            "(component) " + listed(second)
+            f"{len(second)} feature(s) also on a second component that no other feature "
+            "uses: feature (component) " + listed(second)
         )
     return lines
 
