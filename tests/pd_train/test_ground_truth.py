@@ -91,6 +91,15 @@ def test_identity_failures_are_what_identity_ci_error_counts() -> None:
         {"a.in": IDENTITY_CASE, "b.in": np.eye(3, 4), "a.out": np.zeros((3, 4))}, ("*.in",)
     )
     assert list(by_site) == ["a.in"] and by_site["a.in"] == failures
+    # With each feature's strength at the site: feature 1 is the weakest of the three (rank 0).
+    ranked = identity_failures_by_site(
+        {"a.in": IDENTITY_CASE}, ("*.in",), strength={"a.in": np.array([0.7, 0.2, 0.5])}
+    )
+    assert ranked["a.in"]["without_own_rank"] == [0]
+    assert describe_identity_failures(ranked["a.in"])[:2] == [
+        "1 feature(s) without a component ≥ 0.9 of their own: 1",
+        "  their ranks by the target's output at this site (0 = the weakest): 0",
+    ]
     with pytest.raises(ValueError, match="3 components cannot"):
         identity_failures(np.ones((4, 3)))
 

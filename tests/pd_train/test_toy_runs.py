@@ -65,6 +65,7 @@ def test_a_toy_run_is_a_run_resumed_analyzed_and_reported(
         assert (failures is not None) == (count > 0), (site, count)
         if failures:
             assert len(failures["without_own"]) + len(failures["extra"]) == count
+            assert len(failures["without_own_rank"]) == len(failures["without_own"])
             assert describe_identity_failures(failures)[0] in text
 
     # Stopped after 10 steps, then resumed: the same params as the run that went through.
@@ -116,3 +117,40 @@ def test_a_failed_plot_loses_no_result(tmp_path: Path, monkeypatch: pytest.Monke
     assert "reproduced by the reference's criteria" in (run / "summary.txt").read_text()
     assert Checkpoints(run / "checkpoints").steps() == [10, 20]
     assert not (run / "plots").exists()
+
+
+def test_one_hot_output_norms_are_the_targets_own() -> None:
+    """Each site's ‖x @ W‖ on the inputs 0.75·e_i, against the shipped weights run by hand in
+    numpy: TMS 5-2 (linear1 reads the input, linear2 the hidden x @ W1) and the 3-layer
+    residual MLP (each layer reads the residual stream, embed plus the earlier MLPs' outputs)."""
+    from pd_train.targets.toys import (
+        make_target,
+        one_hot_output_norms,
+        toy_config,
+        toy_trainer,
+        toy_weights,
+        toy_weights_path,
+    )
+
+    for name in ("tms_5_2", "resid_mlp3"):
+        toy = toy_config(name)
+        trainer = toy_trainer(make_target(toy), toy.pd)
+        raw = np.load(toy_weights_path(name))
+        got = one_hot_output_norms(trainer, toy_weights(name), toy.target.n_features)
+        x = 0.75 * np.eye(toy.target.n_features)
+        want = {}
+        if name == "tms_5_2":
+            w1, w2 = raw["layers.linear1"][0], raw["layers.linear2"][0]
+            want["layers.0.linear1"] = np.linalg.norm(x @ w1, axis=1)
+            want["layers.0.linear2"] = np.linalg.norm(x @ w1 @ w2, axis=1)
+        else:
+            h = x @ raw["embed"]
+            for layer in range(3):
+                pre = h @ raw["layers.mlp_in"][layer]
+                out = np.maximum(pre, 0.0) @ raw["layers.mlp_out"][layer]
+                want[f"layers.{layer}.mlp_in"] = np.linalg.norm(pre, axis=1)
+                want[f"layers.{layer}.mlp_out"] = np.linalg.norm(out, axis=1)
+                h = h + out
+        assert sorted(got) == sorted(want)
+        for site, value in want.items():
+            np.testing.assert_allclose(got[site], value, rtol=1e-5, err_msg=f"{name} {site}")

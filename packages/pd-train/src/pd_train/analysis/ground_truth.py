@@ -158,15 +158,24 @@ def identity_failures(ci: np.ndarray, tolerance: float = TOLERANCE) -> dict[str,
 
 
 def identity_failures_by_site(
-    ci_by_site: Mapping[str, np.ndarray], identity: tuple[str, ...], tolerance: float = TOLERANCE
+    ci_by_site: Mapping[str, np.ndarray],
+    identity: tuple[str, ...],
+    tolerance: float = TOLERANCE,
+    *,
+    strength: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, list[Any]]]:
     """:func:`identity_failures` of every site an ``identity`` fnmatch pattern matches whose
-    IdentityCIError is not 0."""
+    IdentityCIError is not 0. With ``strength`` (per site a value per feature: how much of
+    the feature the target computes there), also ``without_own_rank``: each ``without_own``
+    feature's rank among the features by it, 0 the weakest."""
     out = {}
     for site, ci in ci_by_site.items():
         if any(fnmatch.fnmatch(site, p) for p in identity):
             failures = identity_failures(ci, tolerance)
             if failures["without_own"] or failures["extra"]:
+                if strength is not None:
+                    rank = np.argsort(np.argsort(np.asarray(strength[site]), kind="stable"))
+                    failures["without_own_rank"] = [int(rank[i]) for i in failures["without_own"]]
                 out[site] = failures
     return out
 
@@ -175,8 +184,9 @@ def describe_identity_failures(
     failures: Mapping[str, list[Any]], *, limit: int = 12, tolerance: float = TOLERANCE
 ) -> list[str]:
     """One line each for a site's :func:`identity_failures` (found at ``tolerance``): the
-    features without their own component, the components on for several features, and the
-    features also on a second component of their own (at most ``limit`` of each listed)."""
+    features without their own component (and their strength ranks, when known), the
+    components on for several features, and the features also on a second component of their
+    own (at most ``limit`` of each listed)."""
 
     def listed(items: list[str]) -> str:
         more = len(items) - limit
@@ -189,6 +199,12 @@ def describe_identity_failures(
             f"{len(feats)} feature(s) without a component ≥ {1 - tolerance:g} of their own: "
             + listed(feats)
         )
+        if "without_own_rank" in failures:
+            ranks = [str(r) for r in failures["without_own_rank"]]
+            lines.append(
+                "  their ranks by the target's output at this site (0 = the weakest): "
+                + listed(ranks)
+            )
     if failures["shared"]:
         comps = [f"{j} ({', '.join(map(str, fs))})" for j, fs in failures["shared"]]
         lines.append(

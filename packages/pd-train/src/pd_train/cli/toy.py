@@ -375,7 +375,6 @@ def _run_toy(
     import numpy as np
 
     from pd_probe import Recorder
-    from pd_train.analysis.ground_truth import identity_failures_by_site
     from pd_train.outputs import MetricsLog
     from pd_train.run.checkpoints import Checkpoints
     from pd_train.run.distributed import Placement
@@ -386,6 +385,7 @@ def _run_toy(
         make_target,
         run_toy,
         toy_config,
+        toy_identity_failures,
         toy_trainer,
         toy_weights,
         write_plots,
@@ -468,7 +468,7 @@ def _run_toy(
         "samples_per_s": result["samples_per_s"],
         "reproduced": bool(result["reproduced"]),
         **gt,
-        "identity_failures": identity_failures_by_site(ci, toy.identity),
+        "identity_failures": toy_identity_failures(toy, trainer, toy_weights(name), ci),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -630,10 +630,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
     import jax
     import numpy as np
 
-    from pd_train.analysis.ground_truth import (
-        describe_identity_failures,
-        identity_failures_by_site,
-    )
+    from pd_train.analysis.ground_truth import describe_identity_failures
     from pd_train.config.io import ConfigError
     from pd_train.run.checkpoints import Checkpoints, abstract_like
     from pd_train.targets.toys import (
@@ -641,6 +638,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         make_target,
         reproduced,
         toy_config,
+        toy_identity_failures,
         toy_training_item,
         toy_weights,
         write_plots,
@@ -679,7 +677,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         "checkpoint_step": step,
         "reproduced": reproduced(toy, metrics),
         **metrics,
-        "identity_failures": identity_failures_by_site(ci, toy.identity),
+        "identity_failures": toy_identity_failures(toy, trainer, weights, ci),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     out.write_text(json.dumps(record, indent=1))

@@ -47,6 +47,7 @@ from pd_train._row_shards import ROW_SHARD_AXIS
 from pd_train.analysis.ground_truth import (
     component_neuron_contributions,
     ground_truth_table,
+    identity_failures_by_site,
     mmcs_ml2r,
     neuron_contributions,
     plot_neuron_contributions,
@@ -67,6 +68,7 @@ from pd_train.config.pd import (
     SharedMLPCI,
     StochasticRecon,
 )
+from pd_train.decomposition import GLOBAL_KINDS, site_weights
 from pd_train.run.hooks import Cadence, Hook, StepInfo
 from pd_train.run.loop import run_loop
 from pd_train.squash import lower_leaky_hard
@@ -98,6 +100,7 @@ __all__ = [
     "load_weights",
     "make_target",
     "one_hot_ci",
+    "one_hot_output_norms",
     "plot_tms_directions",
     "pretrain_toy",
     "pure_step",
@@ -107,6 +110,7 @@ __all__ = [
     "toy_compiler_options",
     "toy_config",
     "toy_data",
+    "toy_identity_failures",
     "toy_mesh",
     "toy_trainer",
     "toy_training_item",
@@ -130,6 +134,32 @@ def one_hot_ci(
     neighbour's component is truly needed on that input."""
     x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
     return inputs_ci(trainer, params, target_params, x)
+
+
+def one_hot_output_norms(
+    trainer: Trainer, target_params: Any, n_features: int, *, magnitude: float = 0.75
+) -> dict[str, np.ndarray]:
+    """``{site name: [n_features]}``: the norm of each decomposed matrix's output in the target
+    itself (``‖x @ W‖``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1}, the ones
+    :func:`one_hot_ci` reads: how much of each feature a site computes."""
+    x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
+    weights = site_weights(trainer.forward_spec.target, target_params, trainer.decomposition)
+    site_xs = {
+        lay.kind: jnp.asarray(weights[lay.kind])[np.asarray(lay.layers)]
+        if lay.kind not in GLOBAL_KINDS
+        else jnp.asarray(weights[lay.kind])
+        for lay in trainer.decomposition.kinds
+    }
+
+    def site_fn(kind: str, h: jax.Array, w: jax.Array) -> jax.Array:
+        del kind
+        return jnp.linalg.norm(h.astype(jnp.float32) @ w.astype(jnp.float32), axis=-1)
+
+    _, norms = CleanRunner(trainer.forward_spec, target_params, x).run(site_fn, site_xs)
+    return {
+        site.name: np.asarray(norms[site.kind][site.index][:, 0], dtype=np.float64)
+        for site in trainer.decomposition.sites
+    }
 
 
 def inputs_ci(
@@ -1114,6 +1144,18 @@ def ground_truth_metrics(
         tms = mmcs_ml2r(w1, np.asarray(comps["V"][0]), np.asarray(comps["U"][0]))
         out.update({f"gt/{k}": v for k, v in tms.items()})
     return out, ci
+
+
+def toy_identity_failures(
+    toy: ToyConfig, trainer: Trainer, weights: Any, ci: Mapping[str, np.ndarray]
+) -> dict[str, dict[str, list[Any]]]:
+    """:func:`~pd_train.analysis.ground_truth.identity_failures_by_site` of the toy's identity
+    sites, each feature without its own component ranked by the target's output there
+    (:func:`one_hot_output_norms`)."""
+    if not toy.identity:
+        return {}
+    strength = one_hot_output_norms(trainer, weights, toy.target.n_features)
+    return identity_failures_by_site(ci, toy.identity, strength=strength)
 
 
 def reproduced(toy: ToyConfig, metrics: Mapping[str, float]) -> bool:
