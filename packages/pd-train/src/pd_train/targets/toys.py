@@ -20,8 +20,10 @@ devices (:func:`toy_mesh`; on the CPU N simulated host devices, one core each): 
 up to float rounding.
 
 :func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot
-feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``). pd's earlier,
-lenient metrics are kept under their own names: :func:`assignment_l1_distance`,
+feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``);
+:func:`one_hot_output_norms`: the target's own output norm there [n_features], which
+:func:`toy_identity_failures` ranks the features without a component of their own by.
+pd's earlier, lenient metrics are kept under their own names: :func:`assignment_l1_distance`,
 :func:`features_separated`, :func:`separates_every_feature` (they are *not* the reference's
 IdentityCIError).
 """
