@@ -113,19 +113,26 @@ def permute_to_dense(ci: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ci[:, perm], perm
 
 
+def _identity_assignment(ci: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ci, own)``: ci [F, C] checked (2-d, C ≥ F) and each feature's assigned component
+    (:func:`permute_to_identity`'s first F columns)."""
+    ci = _check_2d(ci, what)
+    n, c = ci.shape
+    if c < n:
+        msg = f"{what}: {c} components cannot give each of {n} features its own"
+        raise ValueError(msg)
+    _, perm = permute_to_identity(ci)
+    return ci, perm[:n]
+
+
 def identity_ci_error(ci: np.ndarray, tolerance: float = TOLERANCE) -> int:
     """The reference's IdentityCIError of one site: entries of the identity-permuted ci [F, C]
     (C ≥ F) off by more than ``tolerance`` from [I | 0]."""
-    ci = _check_2d(ci, "identity_ci_error")
-    n, c = ci.shape
-    if c < n:
-        msg = f"identity_ci_error: {c} components cannot give each of {n} features its own"
-        raise ValueError(msg)
-    permuted, _ = permute_to_identity(ci)
-    diag = np.diagonal(permuted[:, :n])
-    off = permuted.copy()
-    off[np.arange(n), np.arange(n)] = 0.0
-    return int(np.sum(off > tolerance) + np.sum(diag < 1.0 - tolerance))
+    ci, own = _identity_assignment(ci, "identity_ci_error")
+    rows = np.arange(ci.shape[0])
+    off = ci > tolerance
+    off[rows, own] = False
+    return int(np.sum(off) + np.sum(ci[rows, own] < 1.0 - tolerance))
 
 
 def identity_failures(ci: np.ndarray, tolerance: float = TOLERANCE) -> dict[str, list[Any]]:
@@ -138,13 +145,8 @@ def identity_failures(ci: np.ndarray, tolerance: float = TOLERANCE) -> dict[str,
       or more features (each of its entries but the assigned one is also in ``extra``).
 
     ``len(without_own) + len(extra) == identity_ci_error(ci)``."""
-    ci = _check_2d(ci, "identity_failures")
+    ci, own = _identity_assignment(ci, "identity_failures")
     n, c = ci.shape
-    if c < n:
-        msg = f"identity_failures: {c} components cannot give each of {n} features its own"
-        raise ValueError(msg)
-    _, perm = permute_to_identity(ci)
-    own = perm[:n]
     without_own = [int(i) for i in range(n) if ci[i, own[i]] < 1.0 - tolerance]
     on = ci > tolerance
     on[np.arange(n), own] = False
