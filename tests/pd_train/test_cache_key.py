@@ -55,6 +55,14 @@ from ._tiny import FAST, TINY
 
 B, T = 4, 8
 
+#: A coefficient schedule whose every halved value is still a valid one.
+_SCHEDULE = dict(
+    coeff_warmup_frac=0.1,
+    coeff_peak_multiplier=2.0,
+    coeff_anneal_start_frac=0.4,
+    coeff_anneal_end_frac=0.8,
+)
+
 #: One instance of every loss term, each value on the side of its switch that is a value
 #: (smooth-L0's frequency weight non-zero, its EMA on; importance minimality's frequency on).
 TERMS: dict[str, Any] = {
@@ -67,6 +75,7 @@ TERMS: dict[str, Any] = {
         anneal_end_frac=0.5,
         eps=1e-6,
         frequency=FrequencyPenalty(coeff=1e-5, reference_token_count=1000),
+        **_SCHEDULE,
     ),
     "smooth_l0_importance_minimality": SmoothL0ImportanceMinimality(
         coeff=1e-3,
@@ -77,6 +86,7 @@ TERMS: dict[str, Any] = {
         frequency_coeff=1e-5,
         reference_token_count=1000,
         ema_halflife_steps=10,
+        **_SCHEDULE,
     ),
     "stochastic_recon": StochasticRecon(coeff=1.0),
     "chunkwise_subset_recon": ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=1),

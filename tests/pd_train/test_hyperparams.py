@@ -4,6 +4,7 @@ numbers baked in as constants."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -108,6 +109,14 @@ VALUE_CHANGES = {
         anneal_end_frac=0.9,
         eps=1e-5,
         frequency=FrequencyPenalty(coeff=3e-5, reference_token_count=1000),
+    ),
+    "pd.loss_metrics[1] coefficient schedule": lambda pd: _term(
+        pd,
+        1,
+        coeff_warmup_frac=0.1,
+        coeff_peak_multiplier=4.0,
+        coeff_anneal_start_frac=0.3,
+        coeff_anneal_end_frac=0.6,
     ),
     "pd.loss_metrics[3].step_size": lambda pd: _term(pd, 3, step_size=0.3),
     "pd.loss_metrics[4] coeff, optimizer lr, warmup, final, betas, eps": lambda pd: _term(
@@ -244,3 +253,26 @@ def test_the_eval_uses_the_threshold_it_is_given() -> None:
         out = run(state.params, target, tokens, jax.random.key(2), state.adversary or None, hp)
         l0[threshold] = sum(float(np.sum(v)) for v in out["l0"].values())
     assert l0[0.0] > 0 and l0[1.0] == 0.0
+
+
+def test_the_step_weighs_importance_by_its_scheduled_coefficient() -> None:
+    """At step 2 of 20 with a warmup to peak 4 over the first 20 % (multiplier 4·2/4 = 2) the
+    step reports ``coeff_multiplier`` 2 and its total exceeds the unscheduled step's by
+    (2 − 1)·coeff·``loss/importance_minimality``, the term's value (reported unscaled, the same
+    in both)."""
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab_size, (B, T)), jnp.int32)
+    target = llama.init_params(TINY, key=jax.random.key(0))
+    out = []
+    for pd in (_pd(), _term(_pd(), 1, coeff_warmup_frac=0.2, coeff_peak_multiplier=4.0)):
+        trainer = Trainer(TINY, pd, compiler_options=FAST, seq_len=T)
+        state = trainer.init_state(key=jax.random.key(1))
+        state = dataclasses.replace(state, step=jnp.asarray(2, state.step.dtype))
+        _, metrics = trainer.train_step(state, target, tokens, step_key(jax.random.key(2), 2))
+        out.append(trainer.metrics_to_host(metrics))
+    plain, scheduled = out
+    assert plain["coeff_multiplier"] == 1.0 and scheduled["coeff_multiplier"] == 2.0
+    imp = plain["loss/importance_minimality"]
+    assert imp > 0 and scheduled["loss/importance_minimality"] == imp
+    np.testing.assert_allclose(
+        scheduled["loss/total"] - plain["loss/total"], 1e-3 * imp, rtol=1e-3, atol=0
+    )

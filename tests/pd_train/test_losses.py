@@ -13,7 +13,15 @@ import pytest
 
 from pd_train.config.pd import DecompositionTarget, ImportanceMinimality, OptimizerConfig
 from pd_train.decomposition import build_decomposition
-from pd_train.losses import faithfulness, importance_minimality, kl_clean_masked, l0, pnorm_at
+from pd_train.losses import (
+    coeff_multiplier,
+    coeff_schedule_hyperparams,
+    faithfulness,
+    importance_minimality,
+    kl_clean_masked,
+    l0,
+    pnorm_at,
+)
 from pd_train.models.llama_config import LlamaConfig
 from pd_train.optim import clip_by_global_norm, lr_schedule
 from pd_train.sources import masks, sample_source
@@ -85,6 +93,62 @@ def test_pnorm_anneals_linearly_inside_its_window() -> None:
     )
     values = [float(pnorm_at(term, jnp.asarray(s), 100)) for s in (0, 20, 40, 60, 99)]
     np.testing.assert_allclose(values, [2.0, 2.0, 1.2, 0.4, 0.4], rtol=1e-6)
+
+
+def _multipliers(term: ImportanceMinimality, steps: list[int], total: int) -> list[float]:
+    hp = {k: jnp.float32(v) for k, v in coeff_schedule_hyperparams(term, total).items()}
+    return [float(jax.jit(coeff_multiplier)(hp, s)) for s in steps]
+
+
+def test_the_coefficient_schedule_is_param_decomps() -> None:
+    """Warmup 0 -> peak over the first 10 % of 100 steps, the peak until 50 %, back to 1 by
+    90 %: written out from param-decomp's definition (fraction of training = step / steps)."""
+    term = ImportanceMinimality(
+        coeff=1.0,
+        coeff_warmup_frac=0.1,
+        coeff_peak_multiplier=3.0,
+        coeff_anneal_start_frac=0.5,
+        coeff_anneal_end_frac=0.9,
+    )
+    steps = [0, 5, 9, 10, 49, 50, 70, 89, 90, 99]
+    want = [0.0, 1.5, 2.7, 3.0, 3.0, 3.0, 2.0, 1.05, 1.0, 1.0]
+    np.testing.assert_allclose(_multipliers(term, steps, 100), want, rtol=1e-6)
+    # A release below 1 and back (peak 0.5: half the coefficient until the anneal).
+    half = attrs.evolve(term, coeff_peak_multiplier=0.5, coeff_warmup_frac=0.0)
+    np.testing.assert_allclose(
+        _multipliers(half, [0, 49, 70, 90], 100), [0.5, 0.5, 0.75, 1.0], rtol=1e-6
+    )
+    # The defaults are no schedule; an empty anneal window steps to 1 at its start.
+    assert _multipliers(ImportanceMinimality(coeff=1.0), [0, 50, 99], 100) == [1.0, 1.0, 1.0]
+    step = attrs.evolve(term, coeff_anneal_end_frac=0.5)
+    assert _multipliers(step, [49, 50], 100) == [3.0, 1.0]
+
+
+_IM = "pd.loss_metrics[1]."
+BAD_SCHEDULES = [
+    (["coeff_peak_multiplier=-1.0"], "coeff_peak_multiplier: got -1.0; must be >= 0"),
+    (["coeff_warmup_frac=1.5"], "coeff_warmup_frac: got 1.5; must be in [0.0, 1.0]"),
+    (
+        ["coeff_warmup_frac=0.6", "coeff_anneal_start_frac=0.5"],
+        "coeff_warmup_frac: got 0.6, above coeff_anneal_start_frac 0.5",
+    ),
+    (
+        ["coeff_anneal_start_frac=0.5", "coeff_anneal_end_frac=0.2"],
+        "coeff_anneal_end_frac: got 0.2, below coeff_anneal_start_frac 0.5",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), BAD_SCHEDULES, ids=[m for _, m in BAD_SCHEDULES])
+def test_a_bad_coefficient_schedule_is_refused_by_field_path(sets: list[str], message: str) -> None:
+    from pd_train.config.io import ConfigError
+    from pd_train.config.pd import check_pd_config
+    from pd_train.config.run import load_config
+
+    with pytest.raises(ConfigError) as info:
+        config, _ = load_config("configs/cpu-example.yaml", overrides=[_IM + s for s in sets])
+        check_pd_config(config.pd)
+    assert _IM + message in str(info.value)
 
 
 def test_kl_by_hand_and_zero_on_equal_logits() -> None:

@@ -32,7 +32,7 @@ def _one_device_metrics() -> tuple:
 def test_metrics_names() -> None:
     metrics = _one_device_metrics()[0]
     terms = ["faithfulness", "importance_minimality", "stochastic_recon", "chunkwise_subset_recon"]
-    expected = {f"loss/{t}" for t in terms} | {"loss/total", "pnorm"}
+    expected = {f"loss/{t}" for t in terms} | {"loss/total", "pnorm", "coeff_multiplier"}
     expected |= {f"{m}/{g}" for m in ("grad_norm", "lr") for g in ("components", "ci_fn")}
     sites = {
         f"l0/layers.{i}.{m}.{k}"
@@ -51,6 +51,7 @@ def test_metrics_names() -> None:
     coeffs = [1e4, 1e-3, 1.0, 1.0]
     total = sum(c * metrics[f"loss/{t}"] for c, t in zip(coeffs, terms, strict=True))
     assert metrics["loss/total"] == pytest.approx(total, rel=1e-5)
+    assert metrics["coeff_multiplier"] == 1.0  # no schedule
     assert metrics["lr/components"] == pytest.approx(3e-3 / 10)  # warmup step 1 of 10
     assert metrics["lr/ci_fn"] == pytest.approx(3e-3 / 10)
     assert all(0 <= metrics[s] <= 16 for s in sites)

@@ -270,6 +270,20 @@ FIELDS: tuple[FieldClass, ...] = tuple(
         ),
         *_group(
             "value",
+            "the importance penalties' coefficient schedule (warmup, peak, anneal back to 1)",
+            *(
+                f"{term}.{field}"
+                for term in (_IMP, _SL0)
+                for field in (
+                    "coeff_warmup_frac",
+                    "coeff_peak_multiplier",
+                    "coeff_anneal_start_frac",
+                    "coeff_anneal_end_frac",
+                )
+            ),
+        ),
+        *_group(
+            "value",
             "the frequency term's own weight and its a (reference token count)",
             f"{_IMP}.frequency.coeff",
             f"{_IMP}.frequency.reference_token_count",

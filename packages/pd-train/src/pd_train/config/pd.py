@@ -323,15 +323,54 @@ def _retired_nested_frequency(_instance: Any, attribute: attrs.Attribute, value:
     raise FieldValueError(attribute.name, msg)
 
 
-@register_loss_config
 @attrs.frozen(kw_only=True)
-class ImportanceMinimality(LossMetric):
+class CoeffScheduleFields(LossMetric):
+    """The coefficient schedule the importance penalties share (param-decomp's names and
+    meaning; not a ``pd.loss_metrics`` type itself): the step weighs the term by ``coeff`` × a
+    multiplier that goes linearly 0 → ``coeff_peak_multiplier`` over the first
+    ``coeff_warmup_frac`` of ``pd.steps``, holds there, then goes linearly back to 1 between
+    ``coeff_anneal_start_frac`` and ``coeff_anneal_end_frac`` (1 after). The defaults are no
+    schedule (1 throughout). It weighs the training loss only: ``loss/{name}`` stays the
+    term's value before its coefficient, and the multiplier is reported as
+    ``coeff_multiplier``."""
+
+    coeff_warmup_frac: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    coeff_peak_multiplier: float = attrs.field(default=1.0, validator=non_negative())
+    coeff_anneal_start_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
+    coeff_anneal_end_frac: float = attrs.field(default=1.0, validator=in_range(0.0, 1.0))
+
+
+def _coeff_schedule_problems(term: CoeffScheduleFields, path: str) -> list[tuple[str, str]]:
+    """The coefficient schedule's windows out of order."""
+    out = []
+    if term.coeff_warmup_frac > term.coeff_anneal_start_frac:
+        msg = (
+            f"got {term.coeff_warmup_frac}, above coeff_anneal_start_frac "
+            f"{term.coeff_anneal_start_frac}; the warmup must end before the anneal starts"
+        )
+        out.append((f"{path}.coeff_warmup_frac", msg))
+    if term.coeff_anneal_end_frac < term.coeff_anneal_start_frac:
+        msg = (
+            f"got {term.coeff_anneal_end_frac}, below coeff_anneal_start_frac "
+            f"{term.coeff_anneal_start_frac}; must be >= coeff_anneal_start_frac"
+        )
+        out.append((f"{path}.coeff_anneal_end_frac", msg))
+    return out
+
+
+@register_loss_config
+@attrs.frozen(kw_only=True, field_transformer=_own_fields_first)
+class ImportanceMinimality(CoeffScheduleFields):
     """coeff · Σ_sites Σ_c f_c + frequency.coeff · Σ_sites Σ_c f_c·log2(1 +
     frequency.reference_token_count·f_c), with f_c = mean over the global batch of
     (ci_upper + eps)^p. p goes linearly from ``pnorm_start`` to ``pnorm_end`` between
     ``anneal_start_frac`` and ``anneal_end_frac`` of ``pd.steps``. ``frequency``: null (no
     frequency term) or its own coefficient (:class:`FrequencyPenalty`); the old top-level
-    ``frequency_coeff`` / ``reference_token_count`` (nested inside ``coeff``) are refused."""
+    ``frequency_coeff`` / ``reference_token_count`` (nested inside ``coeff``) are refused.
+    ``coeff_*``: param-decomp's schedule of the coefficient: the step weighs the term by coeff ×
+    a multiplier that goes 0 → ``coeff_peak_multiplier`` over the first ``coeff_warmup_frac``
+    of ``pd.steps``, holds, then goes back to 1 between ``coeff_anneal_start_frac`` and
+    ``coeff_anneal_end_frac`` (the defaults: 1 throughout)."""
 
     type: Literal["importance_minimality"] = "importance_minimality"
     name: str | None = _name_field()
@@ -348,7 +387,7 @@ class ImportanceMinimality(LossMetric):
     )
 
     def problems(self, path: str) -> list[tuple[str, str]]:
-        out = _anneal_window_problems(self, path)
+        out = _anneal_window_problems(self, path) + _coeff_schedule_problems(self, path)
         if self.frequency is not None and self.frequency.coeff > 0 and self.coeff == 0:
             msg = (
                 f"got coeff 0 with frequency.coeff {self.frequency.coeff}; the term's value is "
@@ -360,13 +399,17 @@ class ImportanceMinimality(LossMetric):
 
 
 @register_loss_config
-@attrs.frozen(kw_only=True)
-class SmoothL0ImportanceMinimality(LossMetric):
+@attrs.frozen(kw_only=True, field_transformer=_own_fields_first)
+class SmoothL0ImportanceMinimality(CoeffScheduleFields):
     """``coeff · Σ f_c + frequency_coeff · Σ f_c · log2(1 + reference_token_count · f_c)`` with
     f_c = mean over the global batch of ci_upper² / (ci_upper² + γ²); γ linear from
     ``gamma_start`` to ``gamma_end`` between ``anneal_start_frac`` and ``anneal_end_frac`` of
     ``pd.steps − 1``. ``ema_halflife_steps``: the frequency part reads a debiased EMA of f_c
-    with this half-life in steps (null: this batch's f_c)."""
+    with this half-life in steps (null: this batch's f_c).
+    ``coeff_*``: param-decomp's schedule of the coefficient: the step weighs the term by coeff ×
+    a multiplier that goes 0 → ``coeff_peak_multiplier`` over the first ``coeff_warmup_frac``
+    of ``pd.steps``, holds, then goes back to 1 between ``coeff_anneal_start_frac`` and
+    ``coeff_anneal_end_frac`` (the defaults: 1 throughout)."""
 
     type: Literal["smooth_l0_importance_minimality"] = "smooth_l0_importance_minimality"
     name: str | None = _name_field()
@@ -380,7 +423,7 @@ class SmoothL0ImportanceMinimality(LossMetric):
     ema_halflife_steps: float | None = attrs.field(default=None, validator=positive())
 
     def problems(self, path: str) -> list[tuple[str, str]]:
-        problems = _anneal_window_problems(self, path)
+        problems = _anneal_window_problems(self, path) + _coeff_schedule_problems(self, path)
         if self.ema_halflife_steps is not None and self.frequency_coeff == 0:
             msg = (
                 f"got {self.ema_halflife_steps} with frequency_coeff 0; the EMA feeds only the"

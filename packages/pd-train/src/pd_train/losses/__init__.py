@@ -20,7 +20,8 @@ terms:
 What they build on:
 
 * :mod:`~pd_train.losses.faithfulness` — ‖W − V@U‖²;
-* :mod:`~pd_train.losses.importance` — importance minimality (p annealing) and L0;
+* :mod:`~pd_train.losses.importance` — importance minimality (p annealing, the coefficient's
+  schedule) and L0;
 * :mod:`~pd_train.losses.plan` — recon plans (the chunks of live sites, the routing);
 * :mod:`~pd_train.losses.recon` — per-position routing and the scanned recon loss;
 * :mod:`~pd_train.losses.pgd` — adversarial sources: fresh PGD and persistent PGD.
@@ -42,6 +43,8 @@ from pd_train.losses.faithfulness import FaithfulnessTerm, faithfulness
 from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
     annealed_pnorm,
+    coeff_multiplier,
+    coeff_schedule_hyperparams,
     importance_minimality,
     importance_terms,
     l0,
@@ -99,6 +102,8 @@ __all__ = [
     "annealed_pnorm",
     "check_one_adversary",
     "chunkwise_plan",
+    "coeff_multiplier",
+    "coeff_schedule_hyperparams",
     "faithfulness",
     "hidden_acts_recon",
     "importance_minimality",

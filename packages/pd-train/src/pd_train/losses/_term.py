@@ -105,6 +105,12 @@ class LossTerm:
         the term key, ``fold_in(step key, index in pd.loss_metrics)``."""
         raise NotImplementedError
 
+    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array | None:
+        """What the step multiplies ``hp["coeff"]`` by at ``step`` (a schedule of the
+        coefficient, from the term's hyperparameters), or None: the coefficient as it is."""
+        del config, hp, step
+        return None
+
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         """Add the term's useful FLOPs to ``census`` (default: its plan's masked forwards, one
         per chunk and ``n_samples`` draw, forward and backward)."""

@@ -1,4 +1,5 @@
-"""Importance minimality (with its p annealing) and the L0 of the causal importances.
+"""Importance minimality (with its p annealing and its coefficient's schedule) and the L0 of
+the causal importances.
 
 The importance-minimality means are over the *global* batch before any nonlinearity: inside one
 jit over globally sharded arrays, ``jnp.mean`` over the batch axes is already the global mean
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from pd_train.config.pd import ImportanceMinimality, PDConfig
+from pd_train.config.pd import CoeffScheduleFields, ImportanceMinimality, PDConfig
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ImportanceMinimalityTerm",
     "annealed_pnorm",
+    "coeff_multiplier",
+    "coeff_schedule_hyperparams",
     "importance_minimality",
     "importance_terms",
     "l0",
@@ -62,6 +65,29 @@ def linear_anneal(step: Any, start: Any, span: Any, initial: Any, delta: Any) ->
     ramp = jnp.clip((step - start) / jnp.where(span > 0, span, 1.0), 0.0, 1.0)
     frac = jnp.where(span > 0, ramp, (step >= start).astype(jnp.float32))
     return initial + delta * frac
+
+
+def coeff_schedule_hyperparams(term: CoeffScheduleFields, total_steps: int) -> dict[str, float]:
+    """The coefficient schedule's scalars as data (steps = fractions of ``total_steps``): the
+    warmup's end, the peak multiplier, the anneal's start and its span."""
+    start = term.coeff_anneal_start_frac * total_steps
+    return {
+        "coeff_warmup_end": term.coeff_warmup_frac * total_steps,
+        "coeff_peak": float(term.coeff_peak_multiplier),
+        "coeff_anneal_start": start,
+        "coeff_anneal_span": term.coeff_anneal_end_frac * total_steps - start,
+    }
+
+
+def coeff_multiplier(hp: Mapping[str, Any], step: Any) -> jax.Array:
+    """f32 []: the coefficient's multiplier at ``step`` from :func:`coeff_schedule_hyperparams`'
+    values: peak · step / warmup_end during the warmup, then the peak until the anneal, linear
+    from the peak to 1 across it, and 1 after it (a step to 1 at its start when it is empty)."""
+    step = jnp.asarray(step, jnp.float32)
+    warmup_end, peak = hp["coeff_warmup_end"], hp["coeff_peak"]
+    ramp = peak * step / jnp.where(warmup_end > 0, warmup_end, 1.0)
+    after = linear_anneal(step, hp["coeff_anneal_start"], hp["coeff_anneal_span"], peak, 1 - peak)
+    return jnp.where(step < warmup_end, ramp, after)
 
 
 def pnorm_at(term: ImportanceMinimality, step: jax.Array, total_steps: int) -> jax.Array:
@@ -122,8 +148,9 @@ class ImportanceMinimalityTerm(LossTerm):
     so the loss gains coeff·activity + frequency.coeff·frequency (the frequency term weighted by
     its own coefficient, param-decomp's convention; config validation keeps coeff > 0 when a
     frequency term is set). Values: coeff, eps, the p anneal (:func:`pnorm_hyperparams`),
-    frequency.coeff and frequency.reference_token_count. Structural: whether ``frequency`` is
-    null (the frequency term is then left out)."""
+    frequency.coeff and frequency.reference_token_count, the coefficient's schedule
+    (:func:`coeff_schedule_hyperparams`). Structural: whether ``frequency`` is null (the
+    frequency term is then left out)."""
 
     config_cls = ImportanceMinimality
 
@@ -132,6 +159,7 @@ class ImportanceMinimalityTerm(LossTerm):
             "coeff": float(config.coeff),
             "eps": float(config.eps),
             **pnorm_hyperparams(config, pd.steps),
+            **coeff_schedule_hyperparams(config, pd.steps),
         }
         if config.frequency is not None:
             out["frequency_coeff"] = float(config.frequency.coeff)
@@ -163,6 +191,10 @@ class ImportanceMinimalityTerm(LossTerm):
         coeff = hp["coeff"]
         ratio = hp["frequency_coeff"] / jnp.where(coeff > 0, coeff, 1.0)
         return activity + ratio * frequency, extra
+
+    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array:
+        del config
+        return coeff_multiplier(hp, step)
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del config, census, plan  # elementwise on ci_upper only

@@ -34,7 +34,11 @@ import jax.numpy as jnp
 
 from pd_train.config.pd import PDConfig, SmoothL0ImportanceMinimality
 from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
-from pd_train.losses.importance import linear_anneal
+from pd_train.losses.importance import (
+    coeff_multiplier,
+    coeff_schedule_hyperparams,
+    linear_anneal,
+)
 
 if TYPE_CHECKING:
     from pd_train.census import CensusContext
@@ -127,6 +131,7 @@ class SmoothL0ImportanceMinimalityTerm(LossTerm):
             "frequency_coeff": float(config.frequency_coeff),
             "reference_token_count": float(config.reference_token_count),
             **gamma_hyperparams(config, pd.steps),
+            **coeff_schedule_hyperparams(config, pd.steps),
         }
         if config.ema_halflife_steps is not None:
             hp["ema_halflife_steps"] = float(config.ema_halflife_steps)
@@ -192,6 +197,10 @@ class SmoothL0ImportanceMinimalityTerm(LossTerm):
             extras["smooth_l0/frequency"] = freq
             value = value + hp["frequency_coeff"] / hp["coeff"] * freq
         return value, extras, new_state
+
+    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array:
+        del config
+        return coeff_multiplier(hp, step)
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del config, census, plan  # elementwise on ci_upper only

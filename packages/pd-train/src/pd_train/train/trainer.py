@@ -312,10 +312,15 @@ class Trainer(TrainerState, TrainerWarmup):
                     )
             name = getattr(config, "name", None)
             aux["terms"][name or config.type] = value
+            weight = term_hp["coeff"]
+            multiplier = term.coeff_multiplier(config, term_hp, inputs.step)
+            if multiplier is not None:  # a scheduled coefficient (importance penalties)
+                weight = weight * multiplier
+                extra = {**extra, "coeff_multiplier": multiplier}
             # A named term's extras under ``<metric>/<name>``: two importance terms would
             # otherwise both report ``pnorm``, the later one hiding the first.
             aux.update(extra if name is None else {f"{k}/{name}": v for k, v in extra.items()})
-            total = total + term_hp["coeff"] * value
+            total = total + weight * value
         return total, aux
 
     def _clean_and_ci(
