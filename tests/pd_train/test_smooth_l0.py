@@ -109,6 +109,21 @@ def test_gamma_goes_linearly_to_its_end_at_the_last_step() -> None:
     np.testing.assert_allclose(got, [0.8, 0.8, 0.5, 0.2, 0.2], rtol=1e-6)
 
 
+def test_the_coefficient_schedule_is_the_same_as_importance_minimality_s() -> None:
+    """param-decomp gives both penalties the same schedule: over 20 steps, warmup to 0.5 over
+    the first 10 % (steps 0-1), then 0.5 until 50 %, back to 1 by 100 %."""
+    config = SmoothL0ImportanceMinimality(
+        coeff=1.0,
+        coeff_warmup_frac=0.1,
+        coeff_peak_multiplier=0.5,
+        coeff_anneal_start_frac=0.5,
+        coeff_anneal_end_frac=1.0,
+    )
+    hp = _hp(config, steps=20)
+    got = [float(TERM.coeff_multiplier(config, hp, jnp.asarray(s))) for s in (0, 1, 2, 10, 15)]
+    np.testing.assert_allclose(got, [0.0, 0.25, 0.5, 0.5, 0.75], rtol=1e-6)
+
+
 def test_ema_is_debiased_and_keeps_the_batch_gradient_scale() -> None:
     a = 10.0
 
