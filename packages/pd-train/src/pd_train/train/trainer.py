@@ -558,7 +558,8 @@ class Trainer(TrainerState, TrainerWarmup):
 
         tokens [B, T] int32 (batch-sharded with a mesh); key: :func:`step_key` of the step.
         Metrics: ``loss/{name}`` per loss term (its ``name``, default its ``type``), ``loss/total``, ``grad_norm/{group}``,
-        ``lr/{group}``, ``pnorm`` (with importance minimality), ``l0`` ({kind: [n_k]}; see
+        ``lr/{group}``, ``pnorm`` (with importance minimality), ``coeff_multiplier`` (with an
+        importance penalty: its coefficient's schedule), ``l0`` ({kind: [n_k]}; see
         :meth:`metrics_to_host` for per-site names).
         """
         return self._train_step(state, target, tokens, key)  # type: ignore[no-any-return]
