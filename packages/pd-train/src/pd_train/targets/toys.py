@@ -991,15 +991,19 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     reproduce yet (docs/toys.md, "resid_mlp3 at 60 000 steps"): the paper's lr (1e-3), batch
     and per-component ``mlp`` [128] CI, the reference's current importance 1e-5, C 150 / 18
     (the residual MLPs' ``mlp_out`` is one rank-17 block a layer from the first eval on), and
-    the late p anneal of the other residual-MLP recipes. It ends at IdentityCIError 45 (43 at
-    step 24 000, then flat; 38 at 40 000 steps), with 97-101 ``mlp_in`` components a layer
-    alive for the 102 features: those left without a component of their own are mostly the
-    features the target computes least in that layer. At lr 2e-3 and importance 2e-5, 12 of
+    the late p anneal of the other residual-MLP recipes. It ends at IdentityCIError 45 on
+    seed 0 (43 at step 24 000, then flat; 38 at 40 000 steps) and at 74 and 87 on seeds 1 and
+    2, with 90-101 ``mlp_in`` components a layer alive for the 102 features: those left
+    without a component of their own are mostly the features the target computes least in
+    that layer, and on seeds 1 and 2 layer 0 also keeps 18-21 components on for several
+    features. At lr 2e-3 and importance 2e-5, 12 of
     layer 0's features were merged onto other features' components by step 12 000 for good
     (60-63 from step 42 000 to 60 000); at importance 5e-6, 305; with the ``shared_mlp`` CI,
     463 (docs/toys.md, "resid_mlp3 to the end of its recipe"). The reference's C 500 starts
     far better (94 against 365 at step 6000) but ends at 42 for 2.9x the cost of a step; with
-    p = 2 throughout, 56 (docs/toys.md, "resid_mlp3 at the reference's C 500")."""
+    p = 2 throughout, 56 (docs/toys.md, "resid_mlp3 at the reference's C 500"); with the
+    importance coefficient released from 1e-5 to 5e-6 over 50-70 % (the coefficient
+    schedule), 48 (docs/toys.md, "resid_mlp3 on three seeds")."""
     return {**_resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18, coeff=1e-5), "steps": 30_000}
 
 
