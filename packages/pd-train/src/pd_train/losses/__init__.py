@@ -4,8 +4,10 @@ own module, over pure functions of small arrays reduced in fp32.
 To add a term: a config class (attrs, frozen, kw_only, ``type`` tag, ``coeff``) and a
 ``LossTerm`` subclass with ``config_cls`` set, registered by ``register_loss_term(MyTerm())``
 (see :mod:`pd_train.losses._term` for what a term describes; a recon term over drawn sources
-subclasses :class:`~pd_train.losses.recon.SampledReconTerm` and gives its plan). The built-in
-terms:
+subclasses :class:`~pd_train.losses.recon.SampledReconTerm` and gives its plan; a term with
+param-decomp's coefficient schedule subclasses
+:class:`~pd_train.losses.importance.ScheduledCoeffTerm` and puts
+:func:`coeff_schedule_hyperparams` in its hyperparameters). The built-in terms:
 
 * :mod:`~pd_train.losses.faithfulness`, :mod:`~pd_train.losses.importance` (importance
   minimality), :mod:`~pd_train.losses.stochastic_recon`,
@@ -42,6 +44,7 @@ from pd_train.losses.ci_masked_recon import CIMaskedReconTerm
 from pd_train.losses.faithfulness import FaithfulnessTerm, faithfulness
 from pd_train.losses.importance import (
     ImportanceMinimalityTerm,
+    ScheduledCoeffTerm,
     annealed_pnorm,
     coeff_multiplier,
     coeff_schedule_hyperparams,
@@ -88,6 +91,7 @@ __all__ = [
     "PersistentPGDReconTerm",
     "ReconPlan",
     "SampledReconTerm",
+    "ScheduledCoeffTerm",
     "SmoothL0ImportanceMinimality",
     "SmoothL0ImportanceMinimalityTerm",
     "StaticProbabilitySubsetReconTerm",

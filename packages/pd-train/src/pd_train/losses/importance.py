@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ImportanceMinimalityTerm",
+    "ScheduledCoeffTerm",
     "annealed_pnorm",
     "coeff_multiplier",
     "coeff_schedule_hyperparams",
@@ -142,7 +143,16 @@ def importance_minimality(
     return total
 
 
-class ImportanceMinimalityTerm(LossTerm):
+class ScheduledCoeffTerm(LossTerm):
+    """A loss term whose coefficient follows param-decomp's schedule: its hyperparameters hold
+    :func:`coeff_schedule_hyperparams`, and the step weighs it by coeff × :func:`coeff_multiplier`."""
+
+    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array:
+        del config
+        return coeff_multiplier(hp, step)
+
+
+class ImportanceMinimalityTerm(ScheduledCoeffTerm):
     """``importance_minimality``: reads ci_upper; reports ``pnorm``. Its value,
     which the step multiplies by ``coeff``, is activity + (frequency.coeff / coeff)·frequency,
     so the loss gains coeff·activity + frequency.coeff·frequency (the frequency term weighted by
@@ -191,10 +201,6 @@ class ImportanceMinimalityTerm(LossTerm):
         coeff = hp["coeff"]
         ratio = hp["frequency_coeff"] / jnp.where(coeff > 0, coeff, 1.0)
         return activity + ratio * frequency, extra
-
-    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array:
-        del config
-        return coeff_multiplier(hp, step)
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del config, census, plan  # elementwise on ci_upper only

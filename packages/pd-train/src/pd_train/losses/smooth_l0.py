@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 
 from pd_train.config.pd import PDConfig, SmoothL0ImportanceMinimality
-from pd_train.losses._term import Hyperparams, LossTerm, TermInputs, register_loss_term
+from pd_train.losses._term import Hyperparams, TermInputs, register_loss_term
 from pd_train.losses.importance import (
-    coeff_multiplier,
+    ScheduledCoeffTerm,
     coeff_schedule_hyperparams,
     linear_anneal,
 )
@@ -117,7 +117,7 @@ def ema_frequency_penalty(
     return jnp.sum(surrogate), new_ema
 
 
-class SmoothL0ImportanceMinimalityTerm(LossTerm):
+class SmoothL0ImportanceMinimalityTerm(ScheduledCoeffTerm):
     """Reads ci_upper; reports ``gamma``, ``smooth_l0/activity`` and ``smooth_l0/frequency``
     (both before their coefficients). Values: coeff, frequency_coeff, reference_token_count,
     the γ schedule, ema_halflife_steps. Structural: whether frequency_coeff is 0 and whether
@@ -197,10 +197,6 @@ class SmoothL0ImportanceMinimalityTerm(LossTerm):
             extras["smooth_l0/frequency"] = freq
             value = value + hp["frequency_coeff"] / hp["coeff"] * freq
         return value, extras, new_state
-
-    def coeff_multiplier(self, config: Any, hp: Hyperparams, step: jax.Array) -> jax.Array:
-        del config
-        return coeff_multiplier(hp, step)
 
     def flops(self, config: Any, census: CensusContext, *, plan: ReconPlan | None) -> None:
         del config, census, plan  # elementwise on ci_upper only
