@@ -154,3 +154,60 @@ def test_one_hot_output_norms_are_the_targets_own() -> None:
         assert sorted(got) == sorted(want)
         for site, value in want.items():
             np.testing.assert_allclose(got[site], value, rtol=1e-5, err_msg=f"{name} {site}")
+
+
+def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
+    """``one_hot_ci`` of resid_mlp3 at the paper's C 500, every component of every site, against
+    the CI MLPs run by hand in numpy (float64) on the shipped weights: residual stream, each
+    site's x @ V, Σ_h w_out·gelu(inner·w0 + b0) + b_out, clipped to [0, 1]. With XLA:CPU's
+    YNN fusions (its default) jax 0.10.2 computed every ``mlp_out`` component past the 256th
+    wrong here; ``pd-train analyze`` builds a plain Trainer, as this test does."""
+    from scipy.special import erf
+
+    from pd_train.targets.toys import (
+        make_target,
+        one_hot_ci,
+        toy_config,
+        toy_weights,
+        toy_weights_path,
+    )
+    from pd_train.train import Trainer
+
+    toy = toy_config("resid_mlp3")
+    trainer = Trainer(make_target(toy), toy.pd)
+    params = jax.device_get(trainer.init_state(key=jax.random.key(0)).params)
+    rng = np.random.default_rng(0)
+    ci_fn = {}  # CI MLPs whose outputs spread over [0, 1] (at init they are ~0 everywhere)
+    for kind, p in params["ci_fn"].items():
+        h = p["w0"].shape[-1]
+        ci_fn[kind] = {
+            "w0": rng.normal(size=p["w0"].shape).astype(np.float32),
+            "b0": rng.normal(size=p["b0"].shape).astype(np.float32),
+            "w_out": (rng.normal(size=p["w_out"].shape) / h**0.5).astype(np.float32),
+            "b_out": np.full(p["b_out"].shape, 0.5, np.float32),
+        }
+    params = {**params, "ci_fn": ci_fn}
+    got = one_hot_ci(trainer, params, toy_weights("resid_mlp3"), toy.target.n_features)
+
+    raw = np.load(toy_weights_path("resid_mlp3"))
+    comps = {
+        k: {m: np.asarray(a, np.float64) for m, a in v.items()}
+        for k, v in params["components"].items()
+    }
+    stream = 0.75 * np.eye(toy.target.n_features) @ raw["embed"].astype(np.float64)
+    checked = 0
+    for layer in range(3):
+        hidden = np.maximum(stream @ raw["layers.mlp_in"][layer], 0.0)
+        for kind, x in (("mlp_in", stream), ("mlp_out", hidden)):
+            p = {k: np.asarray(a[layer], np.float64) for k, a in ci_fn[kind].items()}
+            inner = x @ comps[kind]["V"][layer]  # [F, C]
+            pre = inner[..., None] * p["w0"] + p["b0"]  # [F, C, H]
+            gelu = pre * 0.5 * (1.0 + erf(pre / np.sqrt(2.0)))
+            want = np.clip((gelu * p["w_out"]).sum(-1) + p["b_out"], 0.0, 1.0)
+            have = got[f"layers.{layer}.{kind}"]
+            assert have.shape == want.shape == (102, 500)
+            assert np.mean((want > 0) & (want < 1)) > 0.05, "the CI spread over (0, 1)"
+            np.testing.assert_allclose(have, want, atol=2e-4, err_msg=f"layers.{layer}.{kind}")
+            checked += 1
+        stream = stream + hidden @ raw["layers.mlp_out"][layer]
+    assert checked == 6

@@ -35,6 +35,7 @@ import functools
 import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -167,15 +168,37 @@ def one_hot_output_norms(
 def inputs_ci(
     trainer: Trainer, params: Any, target_params: Any, x: jax.Array
 ) -> dict[str, np.ndarray]:
-    """``{site name: ci_lower [N, C]}`` on the inputs x [N, 1, n_features]."""
-    comps = jax.tree_util.tree_map(lambda a: a.astype(trainer.compute_dtype), params["components"])
-    clean = CleanRunner(trainer.forward_spec, target_params, x)
-    _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
-    out = {}
-    for site in trainer.decomposition.sites:
-        ci = lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [N, C]
-        out[site.name] = np.asarray(ci, dtype=np.float64)
-    return out
+    """``{site name: ci_lower [N, C]}`` on the inputs x [N, 1, n_features].
+
+    One program compiled with :func:`toy_compiler_options` (under the trainer's own options), as
+    the toy's steps are: with XLA:CPU's YNN fusions (its default) jax 0.10.2 computed wrong CI
+    for every component past the 256th of a site whose input is narrow (resid_mlp3's
+    ``mlp_out``, d_in 17, at C 500 on the 102 one-hot inputs), so the toy's metrics counted
+    stray entries the decomposition does not have (docs/toys.md, "A wrong CI on the CPU past
+    component 256")."""
+
+    run = _INPUTS_CI.get(trainer)
+    if run is None:
+
+        def ci_lower(params: Any, target_params: Any, x: jax.Array) -> dict[str, jax.Array]:
+            comps = jax.tree_util.tree_map(
+                lambda a: a.astype(trainer.compute_dtype), params["components"]
+            )
+            clean = CleanRunner(trainer.forward_spec, target_params, x)
+            _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
+            return {
+                site.name: lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [N, C]
+                for site in trainer.decomposition.sites
+            }
+
+        options = {**toy_compiler_options(), **trainer.compiler_options}
+        run = _INPUTS_CI[trainer] = jax.jit(ci_lower, compiler_options=options or None)
+    out = run({k: params[k] for k in ("components", "ci_fn")}, target_params, x)
+    return {name: np.asarray(ci, dtype=np.float64) for name, ci in out.items()}
+
+
+#: :func:`inputs_ci`'s program per trainer (compiled once per input shape, as a jit is).
+_INPUTS_CI: weakref.WeakKeyDictionary[Trainer, Any] = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------- pd's lenient metrics
