@@ -176,19 +176,19 @@ def inputs_ci(
     ``mlp_out``, d_in 17, at C 500 on the 102 one-hot inputs), so the toy's metrics counted
     stray entries the decomposition does not have (docs/toys.md, "A wrong CI on the CPU past
     component 256")."""
-
     run = _INPUTS_CI.get(trainer)
-    if run is None:
+    if run is None:  # the program holds what it reads of the trainer, not the trainer
+        dtype, spec, ci_fn = trainer.compute_dtype, trainer.forward_spec, trainer.ci_fn
+        sites = trainer.decomposition.sites
 
         def ci_lower(params: Any, target_params: Any, x: jax.Array) -> dict[str, jax.Array]:
-            comps = jax.tree_util.tree_map(
-                lambda a: a.astype(trainer.compute_dtype), params["components"]
+            comps = jax.tree_util.tree_map(lambda a: a.astype(dtype), params["components"])
+            _, pre = ci_fn.causal_importance(
+                params["ci_fn"], comps, CleanRunner(spec, target_params, x)
             )
-            clean = CleanRunner(trainer.forward_spec, target_params, x)
-            _, pre = trainer.ci_fn.causal_importance(params["ci_fn"], comps, clean)
             return {
                 site.name: lower_leaky_hard(pre[site.kind])[site.index][:, 0, :]  # [N, C]
-                for site in trainer.decomposition.sites
+                for site in sites
             }
 
         options = {**toy_compiler_options(), **trainer.compiler_options}
