@@ -24,6 +24,7 @@ from pd_train.analysis.ground_truth import (
     plot_neuron_contributions,
     plot_permuted_ci,
     plot_uv,
+    sign_even_part,
 )
 
 # Feature 0 -> component 0 (0.95: on), feature 1 -> component 2 (0.85: below 0.9, one error;
@@ -113,6 +114,42 @@ def test_identity_failures_add_up_to_identity_ci_error(seed: int) -> None:
     assert len(failures["without_own"]) + len(failures["extra"]) == identity_ci_error(ci)
     for j, features in failures["shared"]:
         assert features == [i for i in range(f) if ci[i, j] > 0.1] and len(features) >= 2
+
+
+def test_sign_even_part_by_hand() -> None:
+    """out(+1) = [2, 0], [0, 3]; out(-1) = [-2, 2], [0, -1]: odd = [2, -1], [0, 2], even =
+    [0, 1], [0, 1]; ‖even‖/‖odd‖ = 1/√5 and 1/2, median (1/√5 + 1/2)/2; the even parts all lie
+    along [0, 1]."""
+    pos = np.array([[2.0, 0.0], [0.0, 3.0]])
+    neg = np.array([[-2.0, 2.0], [0.0, -1.0]])
+    got = sign_even_part(pos, neg)
+    assert got["even_to_odd"] == pytest.approx((1 / np.sqrt(5) + 0.5) / 2)
+    assert got["top_share"] == pytest.approx(1.0)
+    assert abs(got["direction"] @ np.array([0.0, 1.0])) == pytest.approx(1.0)
+    # A linear site (out(-1) = -out(+1)) has none; a feature with no odd part is left out.
+    linear = sign_even_part(pos, -pos)
+    assert linear["even_to_odd"] == 0.0 and linear["top_share"] == 0.0
+    zero_odd = sign_even_part(
+        np.array([[1.0, 1.0], [2.0, 0.0]]), np.array([[1.0, 1.0], [0.0, 0.0]])
+    )
+    assert zero_odd["even_to_odd"] == pytest.approx(1.0)  # only feature 1: even [1, 0], odd [1, 0]
+    with pytest.raises(ValueError, match=r"got \(2, 2\) and \(2, 3\)"):
+        sign_even_part(pos, np.zeros((2, 3)))
+
+
+def test_describe_identity_failures_names_the_even_part() -> None:
+    failures = {
+        "without_own": [],
+        "extra": [[1, 3, 0.8]],
+        "shared": [[3, [0, 1]]],
+        "even_part": {"even_to_odd": 0.2512, "top_share": 0.933, "shared_alignment": [[3, 0.9987]]},
+    }
+    assert describe_identity_failures(failures)[1:] == [
+        "the target's output here has a part even in a feature's value, which one rank-1 "
+        "component per feature cannot carry at both signs: ‖even‖ / ‖odd‖ 0.25 (median over the "
+        "features), 93% of it along one direction",
+        "  |cos| of the shared components' U with that direction: component (|cos|) 3 (1.00)",
+    ]
 
 
 def test_identity_ci_error_is_not_the_lenient_l1_distance() -> None:

@@ -156,6 +156,66 @@ def test_one_hot_output_norms_are_the_targets_own() -> None:
             np.testing.assert_allclose(got[site], value, rtol=1e-5, err_msg=f"{name} {site}")
 
 
+def test_identity_failures_name_the_even_part_of_resid_mlp3s_later_layers() -> None:
+    """resid_mlp3's sites at ±0.75·e_i against the shipped weights run by hand in numpy: each
+    layer's ``mlp_in`` output at -0.75 is the forward's (``one_hot_site_outputs``), and a CI with
+    one component shared by two features in every layer gets ``even_part`` in layers 1 and 2
+    only (layer 0 reads the embedding alone: linear in the feature's value), with the median
+    ‖even‖/‖odd‖ and the shared component's |cos| with the even parts' first singular
+    direction, that component's U set along it (1) in layer 1 and along a neuron (its |cos|
+    with the direction, by hand) in layer 2."""
+    from pd_train.targets.toys import (
+        make_target,
+        one_hot_site_outputs,
+        toy_config,
+        toy_identity_failures,
+        toy_trainer,
+        toy_weights,
+        toy_weights_path,
+    )
+
+    toy = toy_config("resid_mlp3")
+    trainer = toy_trainer(make_target(toy), toy.pd)
+    raw = np.load(toy_weights_path("resid_mlp3"))
+    f = toy.target.n_features
+    pre = {}
+    for sign in (1.0, -1.0):
+        h = sign * 0.75 * np.eye(f) @ raw["embed"]
+        for layer in range(3):
+            pre[sign, layer] = h @ raw["layers.mlp_in"][layer]
+            h = h + np.maximum(pre[sign, layer], 0.0) @ raw["layers.mlp_out"][layer]
+    neg = one_hot_site_outputs(trainer, toy_weights("resid_mlp3"), f, magnitude=-0.75)
+    for layer in range(3):
+        np.testing.assert_allclose(neg[f"layers.{layer}.mlp_in"], pre[-1.0, layer], atol=1e-5)
+
+    params = jax.device_get(trainer.init_state(key=jax.random.key(0)).params)
+    u = np.array(params["components"]["mlp_in"]["U"])  # [3, C, 17]
+    even_dir, ratio = {}, {}
+    for layer in (1, 2):
+        odd = (pre[1.0, layer] - pre[-1.0, layer]) / 2
+        even = (pre[1.0, layer] + pre[-1.0, layer]) / 2
+        ratio[layer] = np.median(np.linalg.norm(even, axis=1) / np.linalg.norm(odd, axis=1))
+        even_dir[layer] = np.linalg.svd(even)[2][0]
+    u[1, 5] = 3.0 * even_dir[1]
+    u[2, 5] = np.eye(17)[4]
+    params["components"]["mlp_in"]["U"] = u
+    c = u.shape[1]
+    ci = {}
+    for layer in range(3):  # features 0 and 1 on component 5, every other feature on its own
+        m = np.zeros((f, c))
+        m[np.arange(2, f), np.arange(10, f + 8)] = 1.0
+        m[0, 5] = m[1, 5] = 1.0
+        ci[f"layers.{layer}.mlp_in"] = m
+    failures = toy_identity_failures(toy, trainer, toy_weights("resid_mlp3"), ci, params)
+    assert sorted(failures) == [f"layers.{layer}.mlp_in" for layer in range(3)]
+    assert "even_part" not in failures["layers.0.mlp_in"]
+    for layer, cos in ((1, 1.0), (2, abs(even_dir[2][4]))):
+        even = failures[f"layers.{layer}.mlp_in"]["even_part"]
+        assert ratio[layer] > 0.1
+        assert even["even_to_odd"] == pytest.approx(ratio[layer], rel=1e-3)
+        assert even["shared_alignment"] == [[5, pytest.approx(cos, abs=1e-3)]]
+
+
 def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
     """``one_hot_ci`` of resid_mlp3 at the paper's C 500, every component of every site, against
     the CI MLPs run by hand in numpy (float64) on the shipped weights: residual stream, each

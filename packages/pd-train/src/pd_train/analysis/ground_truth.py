@@ -13,6 +13,9 @@ component of one site on the input 0.75·e_i (the reference's ``input_magnitude`
   by feature and component: the features without a fully-on component of their own, the other
   entries above ``tolerance`` and the components on for several features. It tells what a
   nonzero IdentityCIError is made of; :func:`identity_failures_by_site` gathers it per site.
+- :func:`sign_even_part` (pd's): the part of a site's output on one-feature inputs that is
+  even in the feature's value, which one rank-1 component per feature cannot carry at both
+  signs (what a residual MLP's later layers get from the earlier layers' ReLUs).
 - :func:`dense_ci_error` (``DenseCIError``, the reference's ``DenseCIPattern``): sort the
   columns by their CI mass; each of the first ``k`` columns missing a strong (≥ 1 − tolerance)
   entry counts 1, every entry above ``tolerance`` in the other columns counts 1.
@@ -63,6 +66,7 @@ __all__ = [
     "plot_neuron_contributions",
     "plot_permuted_ci",
     "plot_uv",
+    "sign_even_part",
 ]
 
 #: The reference's tolerance of IdentityCIError / DenseCIError.
@@ -165,15 +169,15 @@ def identity_failures_by_site(
     tolerance: float = TOLERANCE,
     *,
     strength: Mapping[str, np.ndarray] | None = None,
-) -> dict[str, dict[str, list[Any]]]:
+) -> dict[str, dict[str, Any]]:
     """:func:`identity_failures` of every site an ``identity`` fnmatch pattern matches whose
     IdentityCIError is not 0. With ``strength`` (per site a value per feature: how much of
     the feature the target computes there), also ``without_own_rank``: each ``without_own``
     feature's rank among the features by it, 0 the weakest."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for site, ci in ci_by_site.items():
         if any(fnmatch.fnmatch(site, p) for p in identity):
-            failures = identity_failures(ci, tolerance)
+            failures: dict[str, Any] = identity_failures(ci, tolerance)
             if failures["without_own"] or failures["extra"]:
                 if strength is not None:
                     rank = np.argsort(np.argsort(np.asarray(strength[site]), kind="stable"))
@@ -182,13 +186,55 @@ def identity_failures_by_site(
     return out
 
 
+def sign_even_part(out_pos: np.ndarray, out_neg: np.ndarray) -> dict[str, Any]:
+    """pd's: the part of a site's output on one-feature inputs that is even in the feature's
+    value. out_pos, out_neg [F, d]: the site's output in the target on the inputs +m·e_i and
+    −m·e_i.
+
+    Behind bias-free ReLUs a site's output is positively homogeneous in a feature's value a, not
+    linear: out(a) = a·odd_i + |a|·even_i, with odd = (out_pos − out_neg) / 2 and even =
+    (out_pos + out_neg) / 2 (per unit of m). A rank-1 component's output is linear in its
+    input, so one component per feature carries odd_i but not even_i at both signs: where the
+    even part is large an exact decomposition needs a second component per feature (one per
+    sign) or one component carrying the even part for many features at once. The residual
+    MLPs' layers after the first get such a part from the earlier layers' ReLU outputs; a
+    linear site (TMS's, a residual MLP's first ``mlp_in``) has none.
+
+    Returns ``even_to_odd``: the median over features of ‖even_i‖ / ‖odd_i‖ (features whose
+    odd part is 0 left out; 0.0 when all are); ``top_share``: the share of Σ_i ‖even_i‖² along
+    the even parts' first right singular vector (0.0 when they are all 0); ``direction``: that
+    vector [d], unit norm, its sign arbitrary."""
+    pos = np.asarray(out_pos, dtype=np.float64)
+    neg = np.asarray(out_neg, dtype=np.float64)
+    if pos.ndim != 2 or pos.shape != neg.shape:
+        msg = (
+            "sign_even_part: out_pos and out_neg are [n_features, d] of one shape, "
+            f"got {pos.shape} and {neg.shape}"
+        )
+        raise ValueError(msg)
+    odd, even = (pos - neg) / 2.0, (pos + neg) / 2.0
+    odd_norm, even_norm = np.linalg.norm(odd, axis=1), np.linalg.norm(even, axis=1)
+    keep = odd_norm > 0
+    ratio = float(np.median(even_norm[keep] / odd_norm[keep])) if keep.any() else 0.0
+    _, s, vt = np.linalg.svd(even, full_matrices=False)
+    total = float(np.sum(s**2))
+    return {
+        "even_to_odd": ratio,
+        "top_share": float(s[0] ** 2 / total) if total > 0 else 0.0,
+        "direction": vt[0],
+    }
+
+
 def describe_identity_failures(
-    failures: Mapping[str, list[Any]], *, limit: int = 12, tolerance: float = TOLERANCE
+    failures: Mapping[str, Any], *, limit: int = 12, tolerance: float = TOLERANCE
 ) -> list[str]:
     """One line each for a site's :func:`identity_failures` (found at ``tolerance``): the
     features without their own component (and their strength ranks, when known), the
     components on for several features, and the features also on a second component of their
-    own (at most ``limit`` of each listed)."""
+    own (at most ``limit`` of each listed); with an ``even_part`` entry (a
+    :func:`sign_even_part` of the site, and ``shared_alignment``: ``[component, |cos|]`` of each
+    shared component's U with its direction), what the target's even part is and how the
+    shared components lie along it."""
 
     def listed(items: list[str]) -> str:
         more = len(items) - limit
@@ -220,6 +266,20 @@ def describe_identity_failures(
             f"{len(second)} feature(s) also on a second component that no other feature "
             "uses: feature (component) " + listed(second)
         )
+    even = failures.get("even_part")
+    if even:
+        lines.append(
+            f"the target's output here has a part even in a feature's value, which one rank-1 "
+            f"component per feature cannot carry at both signs: ‖even‖ / ‖odd‖ "
+            f"{even['even_to_odd']:.2f} (median over the features), {even['top_share']:.0%} "
+            "of it along one direction"
+        )
+        aligned = [f"{j} ({cos:.2f})" for j, cos in even.get("shared_alignment", [])]
+        if aligned:
+            lines.append(
+                "  |cos| of the shared components' U with that direction: component (|cos|) "
+                + listed(aligned)
+            )
     return lines
 
 

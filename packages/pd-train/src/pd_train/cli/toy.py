@@ -468,7 +468,7 @@ def _run_toy(
         "samples_per_s": result["samples_per_s"],
         "reproduced": bool(result["reproduced"]),
         **gt,
-        "identity_failures": toy_identity_failures(toy, trainer, toy_weights(name), ci),
+        "identity_failures": toy_identity_failures(toy, trainer, toy_weights(name), ci, params),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -677,7 +677,7 @@ def analyze_toy(run_dir: Path, *, checkpoint: int | None = None) -> tuple[Path, 
         "checkpoint_step": step,
         "reproduced": reproduced(toy, metrics),
         **metrics,
-        "identity_failures": toy_identity_failures(toy, trainer, weights, ci),
+        "identity_failures": toy_identity_failures(toy, trainer, weights, ci, params),
         "one_hot_ci": {site: np.round(v, 4).tolist() for site, v in ci.items()},
     }
     out.write_text(json.dumps(record, indent=1))

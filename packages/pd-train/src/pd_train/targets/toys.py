@@ -56,6 +56,7 @@ from pd_train.analysis.ground_truth import (
     plot_neuron_contributions,
     plot_permuted_ci,
     plot_uv,
+    sign_even_part,
 )
 from pd_train.config.io import ConfigError
 from pd_train.config.pd import (
@@ -86,6 +87,7 @@ from pd_train.train import Trainer, TrainState, step_key
 
 __all__ = [
     "ALIVE_WINDOW",
+    "EVEN_PART_SHOWN",
     "TOYS",
     "TOY_DATA_AXIS",
     "CallTimes",
@@ -104,6 +106,7 @@ __all__ = [
     "make_target",
     "one_hot_ci",
     "one_hot_output_norms",
+    "one_hot_site_outputs",
     "plot_tms_directions",
     "pretrain_toy",
     "pure_step",
@@ -139,12 +142,12 @@ def one_hot_ci(
     return inputs_ci(trainer, params, target_params, x)
 
 
-def one_hot_output_norms(
+def one_hot_site_outputs(
     trainer: Trainer, target_params: Any, n_features: int, *, magnitude: float = 0.75
 ) -> dict[str, np.ndarray]:
-    """``{site name: [n_features]}``: the norm of each decomposed matrix's output in the target
-    itself (``‖x @ W‖``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1}, the ones
-    :func:`one_hot_ci` reads: how much of each feature a site computes."""
+    """``{site name: [n_features, d_out]}``: each decomposed matrix's output in the target
+    itself (``x @ W``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1} (a negative
+    magnitude gives the features' negative values)."""
     x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
     weights = site_weights(trainer.forward_spec.target, target_params, trainer.decomposition)
     site_xs = {
@@ -156,13 +159,23 @@ def one_hot_output_norms(
 
     def site_fn(kind: str, h: jax.Array, w: jax.Array) -> jax.Array:
         del kind
-        return jnp.linalg.norm(h.astype(jnp.float32) @ w.astype(jnp.float32), axis=-1)
+        return h.astype(jnp.float32) @ w.astype(jnp.float32)
 
-    _, norms = CleanRunner(trainer.forward_spec, target_params, x).run(site_fn, site_xs)
+    _, outs = CleanRunner(trainer.forward_spec, target_params, x).run(site_fn, site_xs)
     return {
-        site.name: np.asarray(norms[site.kind][site.index][:, 0], dtype=np.float64)
+        site.name: np.asarray(outs[site.kind][site.index][:, 0], dtype=np.float64)
         for site in trainer.decomposition.sites
     }
+
+
+def one_hot_output_norms(
+    trainer: Trainer, target_params: Any, n_features: int, *, magnitude: float = 0.75
+) -> dict[str, np.ndarray]:
+    """``{site name: [n_features]}``: the norm of each decomposed matrix's output in the target
+    itself (``‖x @ W‖``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1}, the ones
+    :func:`one_hot_ci` reads: how much of each feature a site computes."""
+    outs = one_hot_site_outputs(trainer, target_params, n_features, magnitude=magnitude)
+    return {site: np.linalg.norm(out, axis=1) for site, out in outs.items()}
 
 
 def inputs_ci(
@@ -196,6 +209,11 @@ def inputs_ci(
     out = run({k: params[k] for k in ("components", "ci_fn")}, target_params, x)
     return {name: np.asarray(ci, dtype=np.float64) for name, ci in out.items()}
 
+
+#: :func:`toy_identity_failures` describes a site's even part (:func:`sign_even_part`) from this
+#: median ‖even‖ / ‖odd‖ on: below it one component per feature is exact to within a few percent
+#: of the output (resid_mlp3's layers 1 and 2: 0.25-0.30; its first layer and TMS: 0).
+EVEN_PART_SHOWN = 0.05
 
 #: :func:`inputs_ci`'s program per trainer (compiled once per input shape, as a jit is).
 _INPUTS_CI: weakref.WeakKeyDictionary[Trainer, Any] = weakref.WeakKeyDictionary()
@@ -1178,15 +1196,48 @@ def ground_truth_metrics(
 
 
 def toy_identity_failures(
-    toy: ToyConfig, trainer: Trainer, weights: Any, ci: Mapping[str, np.ndarray]
-) -> dict[str, dict[str, list[Any]]]:
+    toy: ToyConfig,
+    trainer: Trainer,
+    weights: Any,
+    ci: Mapping[str, np.ndarray],
+    params: Any = None,
+) -> dict[str, dict[str, Any]]:
     """:func:`~pd_train.analysis.ground_truth.identity_failures_by_site` of the toy's identity
     sites, each feature without its own component ranked by the target's output there
-    (:func:`one_hot_output_norms`)."""
+    (:func:`one_hot_output_norms`). A site with components on for several features whose
+    target output has a part even in the feature's value (:func:`sign_even_part` ≥
+    :data:`EVEN_PART_SHOWN`, on the one-hot inputs at ±0.75) also gets ``even_part``: that
+    measure, and with the decomposition's ``params`` each shared component's |cos| between its
+    U and the even part's direction (``shared_alignment``)."""
     if not toy.identity:
         return {}
-    strength = one_hot_output_norms(trainer, weights, toy.target.n_features)
-    return identity_failures_by_site(ci, toy.identity, strength=strength)
+    n = toy.target.n_features
+    pos = one_hot_site_outputs(trainer, weights, n)
+    strength = {site: np.linalg.norm(out, axis=1) for site, out in pos.items()}
+    failures = identity_failures_by_site(ci, toy.identity, strength=strength)
+    shared_sites = [site for site, f in failures.items() if f["shared"]]
+    if not shared_sites:
+        return failures
+    neg = one_hot_site_outputs(trainer, weights, n, magnitude=-0.75)
+    by_name = {site.name: site for site in trainer.decomposition.sites}
+    for name in shared_sites:
+        even = sign_even_part(pos[name], neg[name])
+        if even["even_to_odd"] < EVEN_PART_SHOWN:
+            continue
+        entry: dict[str, Any] = {
+            "even_to_odd": round(even["even_to_odd"], 4),
+            "top_share": round(even["top_share"], 4),
+        }
+        if params is not None:
+            site = by_name[name]
+            u = np.asarray(params["components"][site.kind]["U"][site.index], np.float64)
+            entry["shared_alignment"] = [
+                [j, round(float(abs(u[j] @ even["direction"]) / np.linalg.norm(u[j])), 4)]
+                for j, _ in failures[name]["shared"]
+                if np.linalg.norm(u[j]) > 0
+            ]
+        failures[name]["even_part"] = entry
+    return failures
 
 
 def reproduced(toy: ToyConfig, metrics: Mapping[str, float]) -> bool:
