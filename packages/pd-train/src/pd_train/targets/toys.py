@@ -22,7 +22,9 @@ up to float rounding.
 :func:`one_hot_ci`: per decomposed matrix, ci_lower of every component on each one-hot
 feature input at 0.75 [n_features, C] (the reference's ``input_magnitude``);
 :func:`one_hot_output_norms`: the target's own output norm there [n_features], which
-:func:`toy_identity_failures` ranks the features without a component of their own by.
+:func:`toy_identity_failures` ranks the features without a component of their own by
+(:func:`one_hot_site_outputs`: the outputs themselves, at either sign, which it also reads
+for the part of a site's output that is even in the feature's value).
 pd's earlier, lenient metrics are kept under their own names: :func:`assignment_l1_distance`,
 :func:`features_separated`, :func:`separates_every_feature` (they are *not* the reference's
 IdentityCIError).
@@ -211,8 +213,8 @@ def inputs_ci(
 
 
 #: :func:`toy_identity_failures` describes a site's even part (:func:`sign_even_part`) from this
-#: median ‖even‖ / ‖odd‖ on: below it one component per feature is exact to within a few percent
-#: of the output (resid_mlp3's layers 1 and 2: 0.25-0.30; its first layer and TMS: 0).
+#: median ‖even‖ / ‖odd‖ on (resid_mlp2's second layer and resid_mlp3's second and third:
+#: 0.25-0.30; every first layer and TMS: 0).
 EVEN_PART_SHOWN = 0.05
 
 #: :func:`inputs_ci`'s program per trainer (compiled once per input shape, as a jit is).
@@ -1009,8 +1011,9 @@ def _resid_mlp2_fast_pd(pd: PDConfig) -> dict[str, Any]:
     docs/toys.md, "resid_mlp2 recipes on the TPU"): lr 2e-3 (at 4e-3 features split over two
     components in both layers); C 26 on ``mlp_out``, which is one rank-25 block a layer in every
     run; C 150 on ``mlp_in``; a ``shared_mlp`` CI function, without which one layer-1 component
-    stays on for several features beside their own (its CI, a function of its own inner
-    activation alone, cannot tell them apart); batch 2048 (512 left twice the stray entries);
+    stays on for several features beside their own (it carries the part of layer 1's output
+    that is even in a feature's value, which the per-component CI's components, on at both
+    signs, cannot; with ``shared_mlp`` each is on for one sign only: docs/toys.md); batch 2048 (512 left twice the stray entries);
     p annealed to 1 late, as ``resid_mlp1_fast``'s; 24 000 steps, so that the anneal (steps
     12 000-16 800) comes after ``mlp_in`` has sorted (at 8000 steps 1 of 4 seeds ended exact,
     at 16 000 2 of 4, at 24 000 seeds 0, 1 and 3, all that ran)."""
@@ -1228,9 +1231,10 @@ def toy_identity_failures(
             "even_to_odd": round(even["even_to_odd"], 4),
             "top_share": round(even["top_share"], 4),
         }
-        if params is not None:
-            site = by_name[name]
-            u = np.asarray(params["components"][site.kind]["U"][site.index], np.float64)
+        site = by_name[name]
+        comps = {} if params is None else params["components"].get(site.kind, {})
+        if "U" in comps:  # a tied site holds no U of its own
+            u = np.asarray(comps["U"][site.index], np.float64)
             entry["shared_alignment"] = [
                 [j, round(float(abs(u[j] @ even["direction"]) / np.linalg.norm(u[j])), 4)]
                 for j, _ in failures[name]["shared"]
