@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -119,6 +120,19 @@ def test_a_failed_plot_loses_no_result(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (run / "plots").exists()
 
 
+def _resid_mlp_by_hand(raw: Any, x: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A residual-MLP toy's shipped weights ``raw`` run by hand in numpy (float64) on the
+    inputs x [N, n_features]: per layer, the residual stream it reads (the embedding plus the
+    earlier MLPs' outputs) and its ``mlp_in`` output, the pre-activation."""
+    stream = x @ raw["embed"].astype(np.float64)
+    layers = []
+    for layer in range(raw["layers.mlp_in"].shape[0]):
+        pre = stream @ raw["layers.mlp_in"][layer]
+        layers.append((stream, pre))
+        stream = stream + np.maximum(pre, 0.0) @ raw["layers.mlp_out"][layer]
+    return layers
+
+
 def test_one_hot_output_norms_are_the_targets_own() -> None:
     """Each site's ‖x @ W‖ on the inputs 0.75·e_i, against the shipped weights run by hand in
     numpy: TMS 5-2 (linear1 reads the input, linear2 the hidden x @ W1) and the 3-layer
@@ -144,13 +158,10 @@ def test_one_hot_output_norms_are_the_targets_own() -> None:
             want["layers.0.linear1"] = np.linalg.norm(x @ w1, axis=1)
             want["layers.0.linear2"] = np.linalg.norm(x @ w1 @ w2, axis=1)
         else:
-            h = x @ raw["embed"]
-            for layer in range(3):
-                pre = h @ raw["layers.mlp_in"][layer]
+            for layer, (_, pre) in enumerate(_resid_mlp_by_hand(raw, x)):
                 out = np.maximum(pre, 0.0) @ raw["layers.mlp_out"][layer]
                 want[f"layers.{layer}.mlp_in"] = np.linalg.norm(pre, axis=1)
                 want[f"layers.{layer}.mlp_out"] = np.linalg.norm(out, axis=1)
-                h = h + out
         assert sorted(got) == sorted(want)
         for site, value in want.items():
             np.testing.assert_allclose(got[site], value, rtol=1e-5, err_msg=f"{name} {site}")
@@ -178,12 +189,11 @@ def test_identity_failures_name_the_even_part_of_resid_mlp3s_later_layers() -> N
     trainer = toy_trainer(make_target(toy), toy.pd)
     raw = np.load(toy_weights_path("resid_mlp3"))
     f = toy.target.n_features
-    pre = {}
-    for sign in (1.0, -1.0):
-        h = sign * 0.75 * np.eye(f) @ raw["embed"]
-        for layer in range(3):
-            pre[sign, layer] = h @ raw["layers.mlp_in"][layer]
-            h = h + np.maximum(pre[sign, layer], 0.0) @ raw["layers.mlp_out"][layer]
+    pre = {
+        (sign, layer): layer_pre
+        for sign in (1.0, -1.0)
+        for layer, (_, layer_pre) in enumerate(_resid_mlp_by_hand(raw, sign * 0.75 * np.eye(f)))
+    }
     neg = one_hot_site_outputs(trainer, toy_weights("resid_mlp3"), f, magnitude=-0.75)
     for layer in range(3):
         np.testing.assert_allclose(neg[f"layers.{layer}.mlp_in"], pre[-1.0, layer], atol=1e-5)
@@ -254,11 +264,11 @@ def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
         k: {m: np.asarray(a, np.float64) for m, a in v.items()}
         for k, v in params["components"].items()
     }
-    stream = 0.75 * np.eye(toy.target.n_features) @ raw["embed"].astype(np.float64)
     checked = 0
-    for layer in range(3):
-        hidden = np.maximum(stream @ raw["layers.mlp_in"][layer], 0.0)
-        for kind, x in (("mlp_in", stream), ("mlp_out", hidden)):
+    for layer, (stream, pre_act) in enumerate(
+        _resid_mlp_by_hand(raw, 0.75 * np.eye(toy.target.n_features))
+    ):
+        for kind, x in (("mlp_in", stream), ("mlp_out", np.maximum(pre_act, 0.0))):
             p = {k: np.asarray(a[layer], np.float64) for k, a in ci_fn[kind].items()}
             inner = x @ comps[kind]["V"][layer]  # [F, C]
             pre = inner[..., None] * p["w0"] + p["b0"]  # [F, C, H]
@@ -269,5 +279,4 @@ def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
             assert np.mean((want > 0) & (want < 1)) > 0.05, "the CI spread over (0, 1)"
             np.testing.assert_allclose(have, want, atol=2e-4, err_msg=f"layers.{layer}.{kind}")
             checked += 1
-        stream = stream + hidden @ raw["layers.mlp_out"][layer]
     assert checked == 6
