@@ -150,6 +150,12 @@ def test_describe_identity_failures_names_the_even_part() -> None:
         "features), 93% of it along one direction",
         "  |cos| of the shared components' U with that direction: component (|cos|) 3 (1.00)",
     ]
+    failures["even_part"]["two_sided"] = [98, 100]
+    assert describe_identity_failures(failures)[-1] == (
+        "  98 of the 100 features with a component ≥ 0.9 of their own at +0.75 have it also on "
+        "(> 0.1) at -0.75 (on at both signs a rank-1 component is linear in the feature's value "
+        "and cannot carry the even part; on for one sign only it can)"
+    )
 
 
 def test_identity_ci_error_is_not_the_lenient_l1_distance() -> None:

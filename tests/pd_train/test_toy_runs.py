@@ -133,6 +133,34 @@ def _resid_mlp_by_hand(raw: Any, x: np.ndarray) -> list[tuple[np.ndarray, np.nda
     return layers
 
 
+def _ci_mlps_by_hand(params: Any, kind: str, layer: int, x: np.ndarray) -> np.ndarray:
+    """The per-component CI MLPs (``mlp``) of ``kind`` in ``layer`` run by hand in numpy
+    (float64) on the site's inputs x [N, d_in]: Σ_h w_out·gelu((x @ V)_c·w0 + b0) + b_out
+    (exact GELU), clipped to [0, 1], [N, C]."""
+    from scipy.special import erf
+
+    v = np.asarray(params["components"][kind]["V"][layer], np.float64)
+    p = {k: np.asarray(a[layer], np.float64) for k, a in params["ci_fn"][kind].items()}
+    pre = (x @ v)[..., None] * p["w0"] + p["b0"]  # [N, C, H]
+    gelu = pre * 0.5 * (1.0 + erf(pre / np.sqrt(2.0)))
+    return np.clip((gelu * p["w_out"]).sum(-1) + p["b_out"], 0.0, 1.0)
+
+
+def _random_ci_mlps(params: Any, seed: int = 0) -> dict[str, Any]:
+    """CI MLPs whose outputs spread over [0, 1] (at init they are ~0 everywhere)."""
+    rng = np.random.default_rng(seed)
+    ci_fn = {}
+    for kind, p in params["ci_fn"].items():
+        h = p["w0"].shape[-1]
+        ci_fn[kind] = {
+            "w0": rng.normal(size=p["w0"].shape).astype(np.float32),
+            "b0": rng.normal(size=p["b0"].shape).astype(np.float32),
+            "w_out": (rng.normal(size=p["w_out"].shape) / h**0.5).astype(np.float32),
+            "b_out": np.full(p["b_out"].shape, 0.5, np.float32),
+        }
+    return ci_fn
+
+
 def test_one_hot_output_norms_are_the_targets_own() -> None:
     """Each site's ‖x @ W‖ on the inputs 0.75·e_i, against the shipped weights run by hand in
     numpy: TMS 5-2 (linear1 reads the input, linear2 the hidden x @ W1) and the 3-layer
@@ -226,14 +254,62 @@ def test_identity_failures_name_the_even_part_of_resid_mlp3s_later_layers() -> N
         assert even["shared_alignment"] == [[5, pytest.approx(cos, abs=1e-3)]]
 
 
+def test_identity_failures_count_the_own_components_on_at_both_signs() -> None:
+    """``two_sided`` of resid_mlp3's layers 1 and 2 (C 500) against the target and the CI MLPs
+    run by hand in numpy at ±0.75·e_i: of the features whose top component is ≥ 0.9 at +0.75,
+    those with that component > 0.1 at -0.75. Each component's CI MLP is set to ~1 where its
+    inner activation has one sign (each component's own, at random) and 0 at the other, so
+    that a feature's top component is off at -0.75 where the inner activation flips with the
+    feature's sign and on where the even part keeps it."""
+    from pd_train.targets.toys import (
+        make_target,
+        toy_config,
+        toy_identity_failures,
+        toy_trainer,
+        toy_weights,
+        toy_weights_path,
+    )
+
+    toy = toy_config("resid_mlp3")
+    trainer = toy_trainer(make_target(toy), toy.pd)
+    params = jax.device_get(trainer.init_state(key=jax.random.key(0)).params)
+    rng = np.random.default_rng(0)
+    ci_fn = {}
+    for kind, p in params["ci_fn"].items():  # CI = clip(gelu(±50·inner), 0, 1)
+        sign = rng.choice([-1.0, 1.0], size=p["w0"].shape[:-1])
+        ci_fn[kind] = {
+            "w0": np.zeros(p["w0"].shape, np.float32),
+            "b0": np.zeros(p["b0"].shape, np.float32),
+            "w_out": np.zeros(p["w_out"].shape, np.float32),
+            "b_out": np.zeros(p["b_out"].shape, np.float32),
+        }
+        ci_fn[kind]["w0"][..., 0] = 50.0 * sign
+        ci_fn[kind]["w_out"][..., 0] = 1.0
+    params = {**params, "ci_fn": ci_fn}
+    raw = np.load(toy_weights_path("resid_mlp3"))
+    f = toy.target.n_features
+    ci = {}
+    for sign in (1.0, -1.0):
+        for layer, (stream, _) in enumerate(_resid_mlp_by_hand(raw, sign * 0.75 * np.eye(f))):
+            ci[sign, layer] = _ci_mlps_by_hand(params, "mlp_in", layer, stream)
+    positive = {f"layers.{layer}.mlp_in": ci[1.0, layer] for layer in range(3)}
+    failures = toy_identity_failures(toy, trainer, toy_weights("resid_mlp3"), positive, params)
+    assert "even_part" not in failures["layers.0.mlp_in"]
+    for layer in (1, 2):  # the CI at +0.75 is the test's; pd computes the one at -0.75
+        pos, neg = ci[1.0, layer], ci[-1.0, layer]
+        own = [(i, int(pos[i].argmax())) for i in range(f) if pos[i].max() >= 0.9]
+        assert min(abs(neg[i, c] - 0.1) for i, c in own) > 1e-3  # none within float rounding
+        k = sum(neg[i, c] > 0.1 for i, c in own)
+        assert 0 < k < len(own), (k, len(own))  # both kinds present: the count can be wrong
+        assert failures[f"layers.{layer}.mlp_in"]["even_part"]["two_sided"] == [k, len(own)]
+
+
 def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
     """``one_hot_ci`` of resid_mlp3 at the paper's C 500, every component of every site, against
     the CI MLPs run by hand in numpy (float64) on the shipped weights: residual stream, each
     site's x @ V, Σ_h w_out·gelu(inner·w0 + b0) + b_out, clipped to [0, 1]. With XLA:CPU's
     YNN fusions (its default) jax 0.10.2 computed every ``mlp_out`` component past the 256th
     wrong here; ``pd-train analyze`` builds a plain Trainer, as this test does."""
-    from scipy.special import erf
-
     from pd_train.targets.toys import (
         make_target,
         one_hot_ci,
@@ -246,34 +322,16 @@ def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
     toy = toy_config("resid_mlp3")
     trainer = Trainer(make_target(toy), toy.pd)
     params = jax.device_get(trainer.init_state(key=jax.random.key(0)).params)
-    rng = np.random.default_rng(0)
-    ci_fn = {}  # CI MLPs whose outputs spread over [0, 1] (at init they are ~0 everywhere)
-    for kind, p in params["ci_fn"].items():
-        h = p["w0"].shape[-1]
-        ci_fn[kind] = {
-            "w0": rng.normal(size=p["w0"].shape).astype(np.float32),
-            "b0": rng.normal(size=p["b0"].shape).astype(np.float32),
-            "w_out": (rng.normal(size=p["w_out"].shape) / h**0.5).astype(np.float32),
-            "b_out": np.full(p["b_out"].shape, 0.5, np.float32),
-        }
-    params = {**params, "ci_fn": ci_fn}
+    params = {**params, "ci_fn": _random_ci_mlps(params)}
     got = one_hot_ci(trainer, params, toy_weights("resid_mlp3"), toy.target.n_features)
 
     raw = np.load(toy_weights_path("resid_mlp3"))
-    comps = {
-        k: {m: np.asarray(a, np.float64) for m, a in v.items()}
-        for k, v in params["components"].items()
-    }
     checked = 0
     for layer, (stream, pre_act) in enumerate(
         _resid_mlp_by_hand(raw, 0.75 * np.eye(toy.target.n_features))
     ):
         for kind, x in (("mlp_in", stream), ("mlp_out", np.maximum(pre_act, 0.0))):
-            p = {k: np.asarray(a[layer], np.float64) for k, a in ci_fn[kind].items()}
-            inner = x @ comps[kind]["V"][layer]  # [F, C]
-            pre = inner[..., None] * p["w0"] + p["b0"]  # [F, C, H]
-            gelu = pre * 0.5 * (1.0 + erf(pre / np.sqrt(2.0)))
-            want = np.clip((gelu * p["w_out"]).sum(-1) + p["b_out"], 0.0, 1.0)
+            want = _ci_mlps_by_hand(params, kind, layer, x)
             have = got[f"layers.{layer}.{kind}"]
             assert have.shape == want.shape == (102, 500)
             assert np.mean((want > 0) & (want < 1)) > 0.05, "the CI spread over (0, 1)"

@@ -233,8 +233,9 @@ def describe_identity_failures(
     components on for several features, and the features also on a second component of their
     own (at most ``limit`` of each listed); with an ``even_part`` entry (a
     :func:`sign_even_part` of the site, and ``shared_alignment``: ``[component, |cos|]`` of each
-    shared component's U with its direction), what the target's even part is and how the
-    shared components lie along it."""
+    shared component's U with its direction; ``two_sided``: ``[k, m]``, the features whose own
+    component is on at both ±0.75), what the target's even part is, how the shared components
+    lie along it and whether the features' own components are on for one sign only."""
 
     def listed(items: list[str]) -> str:
         more = len(items) - limit
@@ -279,6 +280,14 @@ def describe_identity_failures(
             lines.append(
                 "  |cos| of the shared components' U with that direction: component (|cos|) "
                 + listed(aligned)
+            )
+        if "two_sided" in even:
+            k, m = even["two_sided"]
+            lines.append(
+                f"  {k} of the {m} features with a component ≥ {1 - tolerance:g} of their own at "
+                f"+0.75 have it also on (> {tolerance:g}) at -0.75 (on at both signs a rank-1 "
+                "component is linear in the feature's value and cannot carry the even part; on "
+                "for one sign only it can)"
             )
     return lines
 

@@ -50,6 +50,7 @@ import numpy as np
 from pd_train._forward import CleanRunner
 from pd_train._row_shards import ROW_SHARD_AXIS
 from pd_train.analysis.ground_truth import (
+    TOLERANCE,
     component_neuron_contributions,
     ground_truth_table,
     identity_failures_by_site,
@@ -1211,7 +1212,12 @@ def toy_identity_failures(
     target output has a part even in the feature's value (:func:`sign_even_part` ≥
     :data:`EVEN_PART_SHOWN`, on the one-hot inputs at ±0.75) also gets ``even_part``: that
     measure, and with the decomposition's ``params`` each shared component's |cos| between its
-    U and the even part's direction (``shared_alignment``)."""
+    U and the even part's direction (``shared_alignment``) and ``two_sided``: ``[k, m]``, of
+    the m features whose top component is ≥ 1 − tolerance at +0.75 (their own, as
+    IdentityCIError reads it), the k whose own component is also on (above the tolerance) at
+    −0.75. A component on at both signs is linear in the feature's value there, so it cannot
+    carry the even part; one on for one sign only can (docs/toys.md, "How the exact
+    resid_mlp2_fast carries the even part")."""
     if not toy.identity:
         return {}
     n = toy.target.n_features
@@ -1222,6 +1228,7 @@ def toy_identity_failures(
     if not shared_sites:
         return failures
     neg = one_hot_site_outputs(trainer, weights, n, magnitude=-0.75)
+    neg_ci = None if params is None else one_hot_ci(trainer, params, weights, n, magnitude=-0.75)
     by_name = {site.name: site for site in trainer.decomposition.sites}
     for name in shared_sites:
         even = sign_even_part(pos[name], neg[name])
@@ -1240,8 +1247,19 @@ def toy_identity_failures(
                 for j, _ in failures[name]["shared"]
                 if np.linalg.norm(u[j]) > 0
             ]
+        if neg_ci is not None:
+            entry["two_sided"] = _two_sided(ci[name], neg_ci[name])
         failures[name]["even_part"] = entry
     return failures
+
+
+def _two_sided(ci_pos: np.ndarray, ci_neg: np.ndarray) -> list[int]:
+    """``[k, m]``: of the m features (rows) whose top component is ≥ 1 − TOLERANCE in
+    ``ci_pos`` [F, C], the k whose top component is above TOLERANCE in ``ci_neg`` too."""
+    rows = np.arange(ci_pos.shape[0])
+    top = ci_pos.argmax(axis=1)
+    own = ci_pos[rows, top] >= 1 - TOLERANCE
+    return [int((own & (ci_neg[rows, top] > TOLERANCE)).sum()), int(own.sum())]
 
 
 def reproduced(toy: ToyConfig, metrics: Mapping[str, float]) -> bool:
