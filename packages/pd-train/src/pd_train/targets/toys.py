@@ -1044,8 +1044,11 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     features. At lr 2e-3 and importance 2e-5, 12 of
     layer 0's features were merged onto other features' components by step 12 000 for good
     (60-63 from step 42 000 to 60 000); at importance 5e-6, 305; with the ``shared_mlp`` CI,
-    463 (docs/toys.md, "resid_mlp3 to the end of its recipe"). The reference's C 500 starts
-    far better (94 against 365 at step 6000) but ends at 42 for 2.9x the cost of a step; with
+    463 (docs/toys.md, "resid_mlp3 to the end of its recipe"), and at C 500 163-172: layer 0
+    merges features with every CI function that reads the whole input (``vector_mlp``: 397;
+    docs/toys.md, "resid_mlp3 with CI functions that read the whole input"). The reference's
+    C 500 starts far better (94 against 365 at step 6000) but ends at 42 for 2.9x the cost of
+    a step; with
     p = 2 throughout, 56 (docs/toys.md, "resid_mlp3 at the reference's C 500"); with the
     importance coefficient released from 1e-5 to 5e-6 over 50-70 % (the coefficient
     schedule), 48 (docs/toys.md, "resid_mlp3 on three seeds")."""
