@@ -146,21 +146,6 @@ def _ci_mlps_by_hand(params: Any, kind: str, layer: int, x: np.ndarray) -> np.nd
     return np.clip((gelu * p["w_out"]).sum(-1) + p["b_out"], 0.0, 1.0)
 
 
-def _random_ci_mlps(params: Any, seed: int = 0) -> dict[str, Any]:
-    """CI MLPs whose outputs spread over [0, 1] (at init they are ~0 everywhere)."""
-    rng = np.random.default_rng(seed)
-    ci_fn = {}
-    for kind, p in params["ci_fn"].items():
-        h = p["w0"].shape[-1]
-        ci_fn[kind] = {
-            "w0": rng.normal(size=p["w0"].shape).astype(np.float32),
-            "b0": rng.normal(size=p["b0"].shape).astype(np.float32),
-            "w_out": (rng.normal(size=p["w_out"].shape) / h**0.5).astype(np.float32),
-            "b_out": np.full(p["b_out"].shape, 0.5, np.float32),
-        }
-    return ci_fn
-
-
 def test_one_hot_output_norms_are_the_targets_own() -> None:
     """Each site's ‖x @ W‖ on the inputs 0.75·e_i, against the shipped weights run by hand in
     numpy: TMS 5-2 (linear1 reads the input, linear2 the hidden x @ W1) and the 3-layer
@@ -322,7 +307,17 @@ def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
     toy = toy_config("resid_mlp3")
     trainer = Trainer(make_target(toy), toy.pd)
     params = jax.device_get(trainer.init_state(key=jax.random.key(0)).params)
-    params = {**params, "ci_fn": _random_ci_mlps(params)}
+    rng = np.random.default_rng(0)
+    ci_fn = {}  # CI MLPs whose outputs spread over [0, 1] (at init they are ~0 everywhere)
+    for kind, p in params["ci_fn"].items():
+        h = p["w0"].shape[-1]
+        ci_fn[kind] = {
+            "w0": rng.normal(size=p["w0"].shape).astype(np.float32),
+            "b0": rng.normal(size=p["b0"].shape).astype(np.float32),
+            "w_out": (rng.normal(size=p["w_out"].shape) / h**0.5).astype(np.float32),
+            "b_out": np.full(p["b_out"].shape, 0.5, np.float32),
+        }
+    params = {**params, "ci_fn": ci_fn}
     got = one_hot_ci(trainer, params, toy_weights("resid_mlp3"), toy.target.n_features)
 
     raw = np.load(toy_weights_path("resid_mlp3"))
