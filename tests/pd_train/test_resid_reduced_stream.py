@@ -79,10 +79,14 @@ def _lives(n_layers: int) -> list[tuple[str, Any]]:
     ]
 
 
+@pytest.mark.parametrize("use_delta", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n_layers", [1, 2])
-def test_reduced_stream_masked_forward_and_gradients(n_layers: int, bias: bool) -> None:
+def test_reduced_stream_masked_forward_and_gradients(
+    n_layers: int, bias: bool, use_delta: bool
+) -> None:
     spec, params, comps, ci, x = _setup(n_layers, bias)
+    spec = attrs.evolve(spec, use_delta=use_delta)
     stream = attrs.evolve(spec, reduce_stream="never")
     reduced = attrs.evolve(spec, reduce_stream="always")
     assert spec.target.reduced_stream(params, comps, force=True) is not None
@@ -152,9 +156,14 @@ def test_reduced_stream_train_steps_match(name: str, monkeypatch: pytest.MonkeyP
     flat_r = jax.tree_util.tree_leaves(finals["always"])
     assert len(flat_s) == len(flat_r)
     moved = 0.0
+    # Three Adam steps divide each gradient element by its running RMS, so an element whose
+    # gradient is near zero carries its rounding into the params at the size of a step: with
+    # the paper's faithfulness term and no delta component one of resid_mlp1's CI biases ends
+    # 2.4e-5 of its leaf's scale apart (below 4e-6 with the delta component). The gradients
+    # themselves agree to 1e-5 both ways (test_reduced_stream_masked_forward_and_gradients).
     for (path, want), got in zip(flat_s, flat_r, strict=True):
         scale = float(np.max(np.abs(want))) + 1e-12
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=str(path))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-5 * scale, err_msg=str(path))
         moved = max(moved, scale)
     assert moved > 0
 
