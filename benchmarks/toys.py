@@ -42,7 +42,8 @@ names the backend and device, and ``JAX_DEFAULT_MATMUL_PRECISION`` (on an accele
 inputs to bfloat16).
 
 ``--set pd.FIELD=VALUE`` (repeatable) changes the recipe of every toy run and rate arm as
-``pd-train run --set`` does (e.g. ``--set 'pd.loss_metrics[0].pnorm_end=1.0'``); each toy's
+``pd-train run --set`` does (e.g. ``--set 'pd.loss_metrics[1].pnorm_end=1.0'``, a paper
+recipe's importance term; its first is faithfulness); each toy's
 changed recipe is checked by field path before anything runs, the table says it was changed,
 and the count line then says so and counts no toy at the paper's settings.
 

@@ -1076,7 +1076,9 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     a step; with
     p = 2 throughout, 56 (docs/toys.md, "resid_mlp3 at the reference's C 500"); with the
     importance coefficient released from 1e-5 to 5e-6 over 50-70 % (the coefficient
-    schedule), 48 (docs/toys.md, "resid_mlp3 on three seeds")."""
+    schedule), 48 (docs/toys.md, "resid_mlp3 on three seeds"); with the paper's algorithm
+    (a faithfulness term at 1 and no delta component, as the paper recipe now has), 64
+    (docs/toys.md, "The paper's algorithm: a faithfulness term and no delta component")."""
     return {**_resid_fast_pd(pd, lr=1e-3, c_in=150, c_out=18, coeff=1e-5), "steps": 30_000}
 
 
