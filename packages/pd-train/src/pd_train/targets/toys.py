@@ -757,32 +757,31 @@ def _recipe(
     im_coeff: float,
     pnorm: float,
     d_gate: int = 16,
-    faithfulness: float,
     delta_component: bool,
     warmup_steps: int = 200,
     pattern: str = "layers.*",
 ) -> PDConfig:
     """A paper-style recipe: Adam (lr, cosine to ``final_lr_frac``·lr; 1.0: constant) for the
     components and the CI MLPs (one per subcomponent, ``d_gate`` GELU units, over blocks of
-    :data:`TOY_CI_BLOCK` rows), faithfulness at ``faithfulness``, importance minimality at
+    :data:`TOY_CI_BLOCK` rows), faithfulness at 1 (the paper's), importance minimality at
     p = ``pnorm``, stochastic and layerwise (one site per chunk) recon at 1
     (:data:`TOY_RECON`), the delta component on or off (``delta_component``; the paper's
     algorithm has none), and the reference's 200-step faithfulness warmup at lr 0.01 with
     weight decay 0.1."""
     opt = OptimizerConfig(lr=lr, final_val_frac=final_lr_frac)
-    terms: list[Any] = [Faithfulness(coeff=faithfulness)]
-    terms += [
+    terms = (
+        Faithfulness(coeff=1.0),
         ImportanceMinimality(coeff=im_coeff, pnorm_start=pnorm, pnorm_end=pnorm),
         StochasticRecon(coeff=1.0),
         ChunkwiseSubsetRecon(coeff=1.0, sites_per_chunk=1),
-    ]
+    )
     return PDConfig(
         steps=steps,
         batch_size=batch_size,
         decomposition_targets=(DecompositionTarget(module_pattern=pattern, C=C),),
         ci=MLPCI(hidden_dims=(d_gate,), batch_block=TOY_CI_BLOCK),
         recon=TOY_RECON,
-        loss_metrics=tuple(terms),
+        loss_metrics=terms,
         components=opt,
         ci_fn=opt,
         faithfulness_warmup=FaithfulnessWarmup(steps=warmup_steps, lr=1e-2, weight_decay=0.1),
@@ -836,7 +835,6 @@ def _tms(name: str, f: int, h: int, *, hidden: bool) -> ToyConfig:
         final_lr_frac=0.0,
         im_coeff=3e-3 if five else 1e-4,
         pnorm=1.0 if five else 2.0,
-        faithfulness=1.0,
         delta_component=True,
     )
     paper = {
@@ -890,7 +888,6 @@ def _resid(name: str, n_layers: int) -> ToyConfig:
             im_coeff=0.5e-5 if n_layers == 3 else 1e-5,
             pnorm=2.0,
             d_gate=128 if n_layers == 3 else 16,
-            faithfulness=1.0,
             delta_component=False,
         ),
         identity=("layers.*.mlp_in",),
