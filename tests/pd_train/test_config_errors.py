@@ -37,6 +37,13 @@ CASES = [
     ("pd.bogus", 1, "pd.bogus: unknown field; allowed fields: steps"),
     ("pd.loss_metrics.1.coeff", -1.0, "pd.loss_metrics[1].coeff: got -1.0; must be >= 0"),
     ("pd.loss_metrics.2.type", "kl", "pd.loss_metrics[2].type: got 'kl'; must be one of"),
+    # A field that another loss term has (importance minimality's p) names the entry's type.
+    (
+        "pd.loss_metrics.0",
+        {"type": "faithfulness", "coeff": 1.0, "pnorm_end": 1.0},
+        "pd.loss_metrics[0].pnorm_end: unknown field in a 'faithfulness' entry; allowed fields:"
+        " type, name, coeff",
+    ),
     (
         "pd.ci.type",
         "transformer",

@@ -368,8 +368,12 @@ def _collect(exc: BaseException, path: str, out: list[tuple[str, str]]) -> None:
     path = _note_path(exc, path)
     if isinstance(exc, ForbiddenExtraKeysError):
         allowed = ", ".join(a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
+        # A member of a tagged family (a loss term, a CI function) says which one it is: the
+        # same field is allowed in another member.
+        tag = _tag_of(exc.cl)
+        which = f" in a {tag!r} entry" if tag is not None else ""
         for key in sorted(exc.extra_fields):
-            out.append((_join(path, key), f"unknown field; allowed fields: {allowed}"))
+            out.append((_join(path, key), f"unknown field{which}; allowed fields: {allowed}"))
         return
     if isinstance(exc, (ClassValidationError, IterableValidationError)):
         for sub in exc.exceptions:
