@@ -26,7 +26,10 @@ def _toys(*args: str) -> subprocess.CompletedProcess[str]:
         (["seed=3"], "--set: got 'seed=3'; only pd.<field>=<value>"),
         (["pd.stepz=3"], "pd.stepz: unknown field"),
         # In a TMS 40-10 recipe the first loss term is faithfulness, which has no p.
-        (["pd.loss_metrics[0].pnorm_end=1.0"], "pd.loss_metrics[0].pnorm_end: unknown field in a 'faithfulness' entry"),
+        (
+            ["pd.loss_metrics[0].pnorm_end=1.0"],
+            "pd.loss_metrics[0].pnorm_end: unknown field in a 'faithfulness' entry",
+        ),
     ],
 )
 def test_a_bad_set_is_refused_before_any_run(sets: list[str], expected: str) -> None:
