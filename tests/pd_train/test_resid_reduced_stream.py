@@ -240,3 +240,39 @@ def test_auto_reduces_only_where_the_basis_is_narrow() -> None:
         assert clean[1]["basis"].shape == (100 + cfg.n_layers * cfg.d_mlp, cfg.d_embed)
         partial = {k: {n: a[:0] for n, a in v.items()} for k, v in comps.items()}
         assert target.reduced_stream(params, partial, force=True) is None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_layer_s_basis_products_form_only_the_rows_its_input_holds(bias: bool) -> None:
+    """Layer l's input holds coefficients on E's rows and on the slots of layers < l only, so
+    its reduced mlp_in weights (basis·W_in[l], basis·V_in[l]) are those rows' products and
+    exact zeros after them; the read-off is every row's product with Eᵀ. Without the causal
+    rows, the last layer's U_out would reach mlp_in's reduced weights (a gradient that the
+    forward multiplies by zero coefficients, computed for nothing)."""
+    n_layers = 3
+    spec, params, comps, _, _ = _setup(n_layers, bias)
+    target = spec.target
+    reduced, rparams, rcomps = target.reduced_stream(params, comps, force=True)
+    slot = C + M + (1 if bias else 0)
+    width = F + n_layers * slot
+    assert reduced.config.d_embed == width
+    basis = np.asarray(rparams["basis"])
+    for name, got, w in [
+        ("W_in", rparams["layers"]["mlp_in"], params["layers"]["mlp_in"]),
+        ("V_in", rcomps["mlp_in"]["V"], comps["mlp_in"]["V"]),
+    ]:
+        for layer in range(n_layers):
+            seen = F + layer * slot
+            want = basis[:seen] @ np.asarray(w[layer])
+            np.testing.assert_allclose(got[layer, :seen], want, rtol=1e-5, atol=1e-6, err_msg=name)
+            assert not np.any(np.asarray(got[layer, seen:])), (name, layer)
+    want_read = basis @ np.asarray(params["embed"]).T
+    np.testing.assert_allclose(rparams["read"], want_read, rtol=1e-5, atol=1e-6)
+
+    def into_mlp_in(u_out: jax.Array) -> jax.Array:
+        c = {**comps, "mlp_out": {**comps["mlp_out"], "U": u_out}}
+        _, p, rc = target.reduced_stream(params, c, force=True)
+        return jnp.sum(p["layers"]["mlp_in"]) + jnp.sum(rc["mlp_in"]["V"])
+
+    grad = np.asarray(jax.grad(into_mlp_in)(comps["mlp_out"]["U"]))
+    assert np.any(grad[: n_layers - 1]) and not np.any(grad[n_layers - 1])

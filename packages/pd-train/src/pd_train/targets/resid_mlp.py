@@ -146,8 +146,10 @@ class ResidMLPTarget:
         component activations (U_out's rows), its δ-scaled or frozen ReLU outputs (W_out's rows)
         and its bias. So with the stream held as coefficients h' [B, T, R] (h = h'·B), every
         product of the stream against a matrix w becomes h'·(B·w), with B·w batch-independent:
-        mlp_in's W_in and V_in become B·W_in, B·V_in [L, R, ·]; mlp_out's W_out and U_out become
-        selectors of their rows' slots [·, R]; the read-off Eᵀ becomes B·Eᵀ [R, F]. The
+        mlp_in's W_in and V_in become B·W_in, B·V_in [L, R, ·] (layer l's input holds only E's
+        and the earlier layers' coefficients, so only those rows are formed; the later ones are
+        zeros); mlp_out's W_out and U_out become selectors of their rows' slots [·, R]; the
+        read-off Eᵀ becomes B·Eᵀ [R, F], formed block by block. The
         function, the sites' inputs (x·W_in, x·V_in, ReLU outputs), their CI and the
         gradients to every component are unchanged up to float rounding. (The reduced forward
         compares no stream activations: only the output and the sites' values are the same.)
@@ -172,31 +174,34 @@ class ResidMLPTarget:
         dt = params["embed"].dtype if components is None else components["mlp_in"]["V"].dtype
         layers = {k: a.astype(dt) for k, a in params["layers"].items()}
         embed = params["embed"].astype(dt)
-        rows = [embed]
+        blocks = [embed]  # the basis in row blocks: E, then each layer's slot
         for layer in range(c.n_layers):
             if components is not None:
-                rows.append(components["mlp_out"]["U"][layer])
-            rows.append(layers["mlp_out"][layer])
+                blocks.append(components["mlp_out"]["U"][layer])
+            blocks.append(layers["mlp_out"][layer])
             if c.bias:
-                rows.append(layers["b_out"][layer][None])
-        basis = jnp.concatenate(rows, axis=0)  # [R, d_embed]
+                blocks.append(layers["b_out"][layer][None])
+        basis = jnp.concatenate(blocks, axis=0)  # [R, d_embed]
         starts = [c.n_features + layer * slot for layer in range(c.n_layers)]
         w_sel = jnp.stack([jnp.eye(c.d_mlp, width, s + c_out, dtype=dt) for s in starts])
+        per_slot = (len(blocks) - 1) // c.n_layers
         reduced_layers = {
-            "mlp_in": jnp.einsum("rd,ldm->lrm", basis, layers["mlp_in"]),
+            "mlp_in": _causal_products(blocks, per_slot, layers["mlp_in"], width),
             "mlp_out": w_sel,
         }
         if c.bias:
             reduced_layers["b_in"] = layers["b_in"]
             b_at = [s + c_out + c.d_mlp for s in starts]
             reduced_layers["b_out"] = jnp.stack([jnp.eye(1, width, b, dtype=dt)[0] for b in b_at])
-        reduced_params = {"read": basis @ embed.T, "basis": basis, "layers": reduced_layers}
+        read = jnp.concatenate([block @ embed.T for block in blocks], axis=0)
+        reduced_params = {"read": read, "basis": basis, "layers": reduced_layers}
         reduced_components = None
         if components is not None:
             comp_in, comp_out = components["mlp_in"], components["mlp_out"]
             u_sel = jnp.stack([jnp.eye(c_out, width, s, dtype=dt) for s in starts])
+            v_in = _causal_products(blocks, per_slot, comp_in["V"], width)
             reduced_components = {
-                "mlp_in": {"V": jnp.einsum("rd,ldc->lrc", basis, comp_in["V"]), "U": comp_in["U"]},
+                "mlp_in": {"V": v_in, "U": comp_in["U"]},
                 "mlp_out": {"V": comp_out["V"], "U": u_sel},
             }
         reduced = ReducedResidMLP(config=attrs.evolve(c, d_embed=width), n_features=c.n_features)
@@ -211,6 +216,19 @@ class ResidMLPTarget:
 
         h, _ = jax.lax.scan(body, h, params["layers"])
         return self.finish(params, h)
+
+
+def _causal_products(blocks: list[jax.Array], per_slot: int, w: jax.Array, width: int) -> jax.Array:
+    """[L, width, m]: layer l's rows of basis·w[l] (``blocks``: the basis's row blocks, E then
+    ``per_slot`` blocks per layer). Only the rows layer l's input can hold are formed: E's and
+    the earlier layers' slots; the rest, which meet zero stream coefficients, are zeros. So a
+    layer's product costs only the rows before it, and no gradient flows to a later slot."""
+    out = []
+    for layer in range(w.shape[0]):
+        seen = [block @ w[layer] for block in blocks[: 1 + layer * per_slot]]
+        rows = jnp.concatenate(seen, axis=0)
+        out.append(jnp.pad(rows, ((0, width - rows.shape[0]), (0, 0))))
+    return jnp.stack(out)
 
 
 @attrs.frozen(kw_only=True)
