@@ -12,6 +12,7 @@ and the forwards scan the layers as for Llama. Output recon: MSE.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -174,19 +175,19 @@ class ResidMLPTarget:
         dt = params["embed"].dtype if components is None else components["mlp_in"]["V"].dtype
         layers = {k: a.astype(dt) for k, a in params["layers"].items()}
         embed = params["embed"].astype(dt)
-        blocks = [embed]  # the basis in row blocks: E, then each layer's slot
+        slots = []  # each layer's rows of the basis, in row blocks
         for layer in range(c.n_layers):
-            if components is not None:
-                blocks.append(components["mlp_out"]["U"][layer])
-            blocks.append(layers["mlp_out"][layer])
+            slot_rows = [] if components is None else [components["mlp_out"]["U"][layer]]
+            slot_rows.append(layers["mlp_out"][layer])
             if c.bias:
-                blocks.append(layers["b_out"][layer][None])
+                slot_rows.append(layers["b_out"][layer][None])
+            slots.append(slot_rows)
+        blocks = [embed, *itertools.chain.from_iterable(slots)]
         basis = jnp.concatenate(blocks, axis=0)  # [R, d_embed]
         starts = [c.n_features + layer * slot for layer in range(c.n_layers)]
         w_sel = jnp.stack([jnp.eye(c.d_mlp, width, s + c_out, dtype=dt) for s in starts])
-        per_slot = (len(blocks) - 1) // c.n_layers
         reduced_layers = {
-            "mlp_in": _causal_products(blocks, per_slot, layers["mlp_in"], width),
+            "mlp_in": _causal_products(embed, slots, layers["mlp_in"], width),
             "mlp_out": w_sel,
         }
         if c.bias:
@@ -199,7 +200,7 @@ class ResidMLPTarget:
         if components is not None:
             comp_in, comp_out = components["mlp_in"], components["mlp_out"]
             u_sel = jnp.stack([jnp.eye(c_out, width, s, dtype=dt) for s in starts])
-            v_in = _causal_products(blocks, per_slot, comp_in["V"], width)
+            v_in = _causal_products(embed, slots, comp_in["V"], width)
             reduced_components = {
                 "mlp_in": {"V": v_in, "U": comp_in["U"]},
                 "mlp_out": {"V": comp_out["V"], "U": u_sel},
@@ -218,15 +219,17 @@ class ResidMLPTarget:
         return self.finish(params, h)
 
 
-def _causal_products(blocks: list[jax.Array], per_slot: int, w: jax.Array, width: int) -> jax.Array:
-    """[L, width, m]: layer l's rows of basis·w[l] (``blocks``: the basis's row blocks, E then
-    ``per_slot`` blocks per layer). Only the rows layer l's input can hold are formed: E's and
-    the earlier layers' slots; the rest, which meet zero stream coefficients, are zeros. So a
+def _causal_products(
+    embed: jax.Array, slots: list[list[jax.Array]], w: jax.Array, width: int
+) -> jax.Array:
+    """[L, width, m]: layer l's rows of basis·w[l], the basis being E then each layer's
+    ``slots`` (row blocks). Only the rows layer l's input can hold are formed: E's and the
+    earlier layers' slots; the rest, which meet zero stream coefficients, are zeros. So a
     layer's product costs only the rows before it, and no gradient flows to a later slot."""
     out = []
     for layer in range(w.shape[0]):
-        seen = [block @ w[layer] for block in blocks[: 1 + layer * per_slot]]
-        rows = jnp.concatenate(seen, axis=0)
+        seen = [embed, *itertools.chain.from_iterable(slots[:layer])]
+        rows = jnp.concatenate([block @ w[layer] for block in seen], axis=0)
         out.append(jnp.pad(rows, ((0, width - rows.shape[0]), (0, 0))))
     return jnp.stack(out)
 

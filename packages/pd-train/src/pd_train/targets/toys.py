@@ -1069,8 +1069,8 @@ def _resid_mlp3_fast_pd(pd: PDConfig) -> dict[str, Any]:
     on), and p annealed 2 -> 1 late, over 70-90 % of the steps. It ends at IdentityCIError 37,
     69 and 66 on seeds 0-2 (with the other residual-MLP recipes' 50-70 %: 45, 74 and 87; over
     25-45 %, which reproduces ``resid_mlp2``'s paper recipe: 126 on seed 0; at 60 000 and
-    95 000 steps, seed 0 ends at 24 and 25: docs/toys.md, "resid_mlp3_fast run longer"), with 94-103
-    ``mlp_in`` components a layer alive for the 102 features: those left without a component
+    95 000 steps, seed 0 ends at 24 and 25: docs/toys.md, "resid_mlp3_fast run longer"), with
+    94-103 ``mlp_in`` components a layer alive for the 102 features: those left without a component
     of their own are mostly the features the target computes least in that layer. Other
     variants, all worse at the 50-70 % anneal on seed 0 (docs/toys.md, "resid_mlp3 at 60 000
     steps" onward): lr 2e-3 with importance 2e-5 merges layer 0's features for good (60-63);
