@@ -333,3 +333,39 @@ def test_one_hot_ci_is_the_ci_mlps_written_out_past_component_256() -> None:
             np.testing.assert_allclose(have, want, atol=2e-4, err_msg=f"layers.{layer}.{kind}")
             checked += 1
     assert checked == 6
+
+
+def test_a_toy_eval_compiles_each_of_its_programs_once() -> None:
+    """The metrics a toy run computes at each eval (``ground_truth_metrics``, in the run's
+    announced ``toy`` phase): no program compiled twice under one name (a run shows each
+    compile of 0.5 s or more by that name, so two would read as one program announced twice:
+    the eager alive-window draws compiled a ``scan`` per uniform, and the one-hot and window CI
+    were two shapes of one ``ci_lower``), and a second eval compiles nothing."""
+    from pd_probe import Recorder
+
+    from pd_train.targets.toys import (
+        ground_truth_metrics,
+        make_target,
+        toy_config,
+        toy_trainer,
+        toy_weights,
+    )
+
+    toy = toy_config("tms_5_2")
+    trainer = toy_trainer(make_target(toy), toy.pd)
+    params = trainer.init_state(key=jax.random.key(0)).params
+    compiled: list[list[str]] = [[], []]
+    for evaluation in compiled:
+
+        def on_compile(event: str, info: dict[str, Any], into: list[str] = evaluation) -> None:
+            if event == "done":
+                into.append(str(info["jit"]))
+
+        with Recorder(None, mode="run", on_compile=on_compile) as recorder:
+            with recorder.phase("toy"):
+                metrics, _ = ground_truth_metrics(toy, trainer, params, toy_weights("tms_5_2"))
+        assert "gt/identity_ci_error" in metrics
+    first, second = compiled
+    assert "ci_lower" in first
+    assert len(first) == len(set(first)), first
+    assert second == []

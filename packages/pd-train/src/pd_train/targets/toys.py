@@ -141,8 +141,12 @@ def one_hot_ci(
     ``magnitude`` < 1 (the reference's 0.75): at the largest feature value a TMS target's
     interference from a neighbouring feature can survive the output ReLU, and then the
     neighbour's component is truly needed on that input."""
-    x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
-    return inputs_ci(trainer, params, target_params, x)
+    return inputs_ci(trainer, params, target_params, one_hot(n_features, magnitude))
+
+
+def one_hot(n_features: int, magnitude: float = 0.75) -> jax.Array:
+    """[F, 1, F]: the inputs magnitude·e_0 .. e_{F-1}."""
+    return magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]
 
 
 def one_hot_site_outputs(
@@ -151,24 +155,32 @@ def one_hot_site_outputs(
     """``{site name: [n_features, d_out]}``: each decomposed matrix's output in the target
     itself (``x @ W``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1} (a negative
     magnitude gives the features' negative values)."""
-    x = magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]  # [F, 1, F]
-    weights = site_weights(trainer.forward_spec.target, target_params, trainer.decomposition)
-    site_xs = {
-        lay.kind: jnp.asarray(weights[lay.kind])[np.asarray(lay.layers)]
-        if lay.kind not in GLOBAL_KINDS
-        else jnp.asarray(weights[lay.kind])
-        for lay in trainer.decomposition.kinds
-    }
+    x = one_hot(n_features, magnitude)
+    run = _SITE_OUTPUTS.get(trainer)
+    if run is None:  # the program holds what it reads of the trainer, not the trainer
+        spec, decomposition = trainer.forward_spec, trainer.decomposition
 
-    def site_fn(kind: str, h: jax.Array, w: jax.Array) -> jax.Array:
-        del kind
-        return h.astype(jnp.float32) @ w.astype(jnp.float32)
+        def site_outputs(target_params: Any, x: jax.Array) -> dict[str, jax.Array]:
+            weights = site_weights(spec.target, target_params, decomposition)
+            site_xs = {
+                lay.kind: jnp.asarray(weights[lay.kind])[np.asarray(lay.layers)]
+                if lay.kind not in GLOBAL_KINDS
+                else jnp.asarray(weights[lay.kind])
+                for lay in decomposition.kinds
+            }
 
-    _, outs = CleanRunner(trainer.forward_spec, target_params, x).run(site_fn, site_xs)
-    return {
-        site.name: np.asarray(outs[site.kind][site.index][:, 0], dtype=np.float64)
-        for site in trainer.decomposition.sites
-    }
+            def site_fn(kind: str, h: jax.Array, w: jax.Array) -> jax.Array:
+                del kind
+                return h.astype(jnp.float32) @ w.astype(jnp.float32)
+
+            _, outs = CleanRunner(spec, target_params, x).run(site_fn, site_xs)
+            return {
+                site.name: outs[site.kind][site.index][:, 0] for site in decomposition.sites
+            }
+
+        options = {**toy_compiler_options(), **trainer.compiler_options}
+        run = _SITE_OUTPUTS[trainer] = jax.jit(site_outputs, compiler_options=options or None)
+    return {name: np.asarray(out, dtype=np.float64) for name, out in run(target_params, x).items()}
 
 
 def one_hot_output_norms(
@@ -220,6 +232,9 @@ EVEN_PART_SHOWN = 0.05
 
 #: :func:`inputs_ci`'s program per trainer (compiled once per input shape, as a jit is).
 _INPUTS_CI: weakref.WeakKeyDictionary[Trainer, Any] = weakref.WeakKeyDictionary()
+#: :func:`one_hot_site_outputs`'s program per trainer: one compile for both signs (run eagerly,
+#: its layer scan compiled anew at each call).
+_SITE_OUTPUTS: weakref.WeakKeyDictionary[Trainer, Any] = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------- pd's lenient metrics
@@ -1204,13 +1219,39 @@ ALIVE_WINDOW_KEY = 0xA11E
 
 
 def alive_window(toy: ToyConfig, n_examples: int = ALIVE_WINDOW) -> jax.Array:
-    """[n_examples, 1, n_features]: a fixed draw of the toy's training distribution."""
-    return toy_data(toy)(
-        key=jax.random.fold_in(jax.random.key(0), ALIVE_WINDOW_KEY),
-        batch_size=n_examples,
+    """[n_examples, 1, n_features]: a fixed draw of the toy's training distribution (one program,
+    compiled once per toy data: drawn eagerly, its ops compiled anew at each eval)."""
+    return _draw_window(
+        jax.random.fold_in(jax.random.key(0), ALIVE_WINDOW_KEY),
+        tms=isinstance(toy.target, TMSConfig),
+        mode=toy.mode,
+        draws=toy.pd.recon.random_draws,
+        n_examples=n_examples,
         n_features=toy.target.n_features,
         feature_probability=toy.feature_probability,
     )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("tms", "mode", "draws", "n_examples", "n_features", "feature_probability"),
+)
+def _draw_window(
+    key: jax.Array,
+    *,
+    tms: bool,
+    mode: DataMode,
+    draws: str,
+    n_examples: int,
+    n_features: int,
+    feature_probability: float,
+) -> jax.Array:
+    shape = {"key": key, "batch_size": n_examples, "n_features": n_features}
+    if tms:
+        return sparse_features(
+            **shape, feature_probability=feature_probability, mode=mode, draws=draws
+        )
+    return resid_mlp_features(**shape, feature_probability=feature_probability)
 
 
 def ground_truth_metrics(
@@ -1220,8 +1261,11 @@ def ground_truth_metrics(
     (alive on :func:`alive_window`, pd's alive on the one-hot inputs, IdentityCIError and
     DenseCIError per site and in total) and for a TMS target ``gt/mmcs``, ``gt/ml2r`` (of
     ``linear1``, with their std over features). Returns them and the one-hot CI per site."""
-    ci = one_hot_ci(trainer, params, weights, toy.target.n_features)
-    window = inputs_ci(trainer, params, weights, alive_window(toy))
+    # One program for both input sets (its compile announced once, not once per shape).
+    n = toy.target.n_features
+    both = inputs_ci(trainer, params, weights, jnp.concatenate([one_hot(n), alive_window(toy)]))
+    ci = {site: rows[:n] for site, rows in both.items()}
+    window = {site: rows[n:] for site, rows in both.items()}
     out = ground_truth_table(ci, identity=toy.identity, dense=toy.dense, window_ci=window)
     if isinstance(toy.target, TMSConfig):
         comps = jax.device_get(params["components"]["linear1"])
