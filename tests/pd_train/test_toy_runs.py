@@ -342,7 +342,6 @@ def test_a_toy_eval_compiles_each_of_its_programs_once() -> None:
     the eager alive-window draws compiled a ``scan`` per uniform, and the one-hot and window CI
     were two shapes of one ``ci_lower``), and a second eval compiles nothing."""
     from pd_probe import Recorder
-
     from pd_train.targets.toys import (
         ground_truth_metrics,
         make_target,
@@ -361,9 +360,9 @@ def test_a_toy_eval_compiles_each_of_its_programs_once() -> None:
             if event == "done":
                 into.append(str(info["jit"]))
 
-        with Recorder(None, mode="run", on_compile=on_compile) as recorder:
-            with recorder.phase("toy"):
-                metrics, _ = ground_truth_metrics(toy, trainer, params, toy_weights("tms_5_2"))
+        recorder = Recorder(None, mode="run", on_compile=on_compile)
+        with recorder, recorder.phase("toy"):
+            metrics, _ = ground_truth_metrics(toy, trainer, params, toy_weights("tms_5_2"))
         assert "gt/identity_ci_error" in metrics
     first, second = compiled
     assert "ci_lower" in first

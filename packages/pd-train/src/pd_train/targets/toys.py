@@ -174,9 +174,7 @@ def one_hot_site_outputs(
                 return h.astype(jnp.float32) @ w.astype(jnp.float32)
 
             _, outs = CleanRunner(spec, target_params, x).run(site_fn, site_xs)
-            return {
-                site.name: outs[site.kind][site.index][:, 0] for site in decomposition.sites
-            }
+            return {site.name: outs[site.kind][site.index][:, 0] for site in decomposition.sites}
 
         options = {**toy_compiler_options(), **trainer.compiler_options}
         run = _SITE_OUTPUTS[trainer] = jax.jit(site_outputs, compiler_options=options or None)
@@ -1246,12 +1244,21 @@ def _draw_window(
     n_features: int,
     feature_probability: float,
 ) -> jax.Array:
-    shape = {"key": key, "batch_size": n_examples, "n_features": n_features}
     if tms:
         return sparse_features(
-            **shape, feature_probability=feature_probability, mode=mode, draws=draws
+            key=key,
+            batch_size=n_examples,
+            n_features=n_features,
+            feature_probability=feature_probability,
+            mode=mode,
+            draws=draws,
         )
-    return resid_mlp_features(**shape, feature_probability=feature_probability)
+    return resid_mlp_features(
+        key=key,
+        batch_size=n_examples,
+        n_features=n_features,
+        feature_probability=feature_probability,
+    )
 
 
 def ground_truth_metrics(
