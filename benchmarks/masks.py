@@ -15,6 +15,7 @@ bits (tests/pd_train/test_random_draws.py), so the two arms' losses are printed 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -66,7 +67,7 @@ def step_program(name: str, draws: str, k: int) -> tuple[object, object, object]
     )  # fmt: skip
     state = trainer.init_state(key=jax.random.fold_in(run_key, 0))
     weights = jax.tree_util.tree_map(jnp.asarray, T.toy_weights(name))
-    program = programs.program(k)
+    program = functools.partial(programs.program(k), values=programs.values())
     state, metrics = program(state, weights)
     jax.block_until_ready(metrics)
     return program, state, weights

@@ -17,6 +17,7 @@ target finds it cheaper, i.e. R ≤ d_embed / 2), ``always`` (reduced wherever p
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -56,7 +57,7 @@ def _program(name: str, batch: int, arm: str, k: int) -> tuple[object, object, o
         feature_probability=toy.feature_probability,
     )
     weights = jax.tree_util.tree_map(jnp.asarray, toy_weights(name))
-    return programs.program(k), state, weights
+    return functools.partial(programs.program(k), values=programs.values()), state, weights
 
 
 def _timed(program: object, state: object, weights: object) -> tuple[object, float, float]:

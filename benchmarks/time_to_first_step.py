@@ -1,7 +1,8 @@
 """Time from launch to the end of step 0, cold (empty compile cache) and warm (same cache).
 
 Launches `pd-train run` twice as fresh processes on the same config (the embedded default,
-shortened: no eval, a short warmup, 2 steps) and reads step 0's wall-clock time from the run's
+shortened: no eval, a short warmup, 1 step; a toy config, ``--config builtin:tms_5_2_fast``:
+no eval, its first K-step call) and reads step 0's wall-clock time from the run's
 metrics.jsonl, and the launch's CPU seconds by then (from /proc; on a shared machine the figure
 that does not depend on the other load). Prints a table and, last:
 
@@ -55,16 +56,16 @@ def _step0_time(metrics: Path) -> float | None:
 
 
 def first_step_seconds(
-    config: str, cache: Path, out: Path, overrides: list[str]
+    config: str, out: Path, overrides: list[str], steps: int
 ) -> tuple[float, float | None, float]:
     """(wall seconds from launch to the end of step 0, the process's CPU seconds by then,
-    the process's CPU seconds in all). The machine may be shared: CPU seconds are what the
-    launch itself spent, an upper bound of its wall time on an idle machine with one thread."""
+    the process's CPU seconds in all) of a run of ``steps`` steps. The machine may be shared:
+    CPU seconds are what the launch itself spent, an upper bound of its wall time on an idle
+    machine with one thread."""
     run_dir = out / f"run-{len(list(out.iterdir()))}"
     args = [
         sys.executable, "-m", "pd_train.cli", "run", config,
-        "--run-dir", str(run_dir), "--max-steps", "1",
-        "--set", f"runtime.compile_cache.dir={cache}",
+        "--run-dir", str(run_dir), "--max-steps", str(steps),
         *[a for o in overrides for a in ("--set", o)],
     ]  # fmt: skip
     started = time.time()
@@ -128,6 +129,20 @@ def cache_bytecode_in(prefix: Path) -> None:
     sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
 
 
+def launch_overrides(config: str, cache: Path) -> tuple[list[str], int]:
+    """The ``--set`` overrides that shorten ``config``'s run and put its compile cache in
+    ``cache``, and the steps to run: a toy config (:func:`pd_train.cli.toy.is_toy_config`)
+    runs its first call (K steps, the program a toy run compiles) without evals or
+    checkpoints; a decomposition config one step after a 3-step warmup."""
+    from pd_train.cli.toy import is_toy_config, load_toy_config
+
+    if is_toy_config(config):
+        steps = load_toy_config(config)["steps_per_call"]
+        return ["eval_every=0", "save_every=0", f"compile_cache.dir={cache}"], steps
+    overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
+    return [*overrides, f"runtime.compile_cache.dir={cache}"], 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="builtin:default")
@@ -144,15 +159,15 @@ def main() -> None:
         cache_bytecode_in(args.pycache_prefix)
     imports = bytecode_state()
     loop_s = python_loop_seconds()
-    overrides = ["cadence.eval_every=0", "cadence.save_every=0", "pd.faithfulness_warmup.steps=3"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(tmp) / "cache", Path(tmp) / "runs"
         out.mkdir()
+        overrides, steps = launch_overrides(args.config, cache)
         spent = 0.0
         for label in ("empty", "warm"):
             load = os.getloadavg()[0]
-            wall, cpu, total = first_step_seconds(args.config, cache, out, overrides)
+            wall, cpu, total = first_step_seconds(args.config, out, overrides, steps)
             rows.append((label, wall, cpu, total - spent, load))
             spent = total
     (_, cold, *_), (_, warm, *_) = rows

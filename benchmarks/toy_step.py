@@ -18,6 +18,7 @@ load's (printed beside them); run it alone for the rate.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -60,7 +61,7 @@ def step_program(name: str, devices: int, k: int) -> tuple[object, object, objec
     state = trainer.init_state(key=jax.random.fold_in(run_key, 0))
     weights = jax.tree_util.tree_map(jnp.asarray, T.toy_weights(name))
     state, weights = programs.place((state, weights))
-    program = programs.program(k)
+    program = functools.partial(programs.program(k), values=programs.values())
     state, metrics = program(state, weights)
     jax.block_until_ready(metrics)
     return program, state, weights

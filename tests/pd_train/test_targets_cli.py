@@ -74,6 +74,11 @@ def test_run_builtin_toy_writes_the_run_dir(tmp_path: Path) -> None:
         ("toy: resid_mlp1\n", ["target.d_mlp=10"], "target.d_mlp"),
         ("toy: tms_5_2\nsteps: 3\n", [], "steps"),
         ("toy: tms_9_9\n", [], "toy"),
+        ("toy: tms_5_2\n", ["compile_cache.enabled=yes"], "compile_cache.enabled"),
+        ("toy: tms_5_2\n", ["compile_cache.dir=3"], "compile_cache.dir"),
+        ("toy: tms_5_2\ncompile_cache: {dir: ''}\n", [], "compile_cache.dir"),
+        ("toy: tms_5_2\ncompile_cache: {path: /tmp/c}\n", [], "compile_cache.path"),
+        ("toy: tms_5_2\ncompile_cache: /tmp/c\n", [], "compile_cache"),
     ],
 )
 def test_bad_toy_configs_name_the_field(

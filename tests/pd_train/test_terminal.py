@@ -486,7 +486,8 @@ def test_a_toy_run_writes_its_progress_through_the_terminal_writer_from_the_star
     beside its time, then a progress line per loss record (as `pd-train run` writes a Llama
     run's); with a window size the bar is the status line, redrawn in place, and its last state
     stays as a line."""
-    run = PtyRun([*TOY_ARGS, "--run-dir", str(tmp_path / "run")], size)
+    cache = ["--set", f"compile_cache.dir={tmp_path / 'cache'}"]  # empty: every program a miss
+    run = PtyRun([*TOY_ARGS, *cache, "--run-dir", str(tmp_path / "run")], size)
     assert run.wait(timeout=600) == 0, run.out[-3000:]
     out = run.out
     lines = [line for line in _check_lines(out) if line]
@@ -507,7 +508,7 @@ def test_a_toy_run_writes_its_progress_through_the_terminal_writer_from_the_star
             "step 16/20 (80%)",
             "step 20/20 (100%)",
         ]
-        assert "compiling train_step (no cache)…" in lines
+        assert "compiling train_step (cache miss)…" in lines
     else:
         assert "[#-------------------] step 1/20 (5%) | total=" in out
         assert re.search(re.escape(CLEAR) + r"\[[#-]{20}\] step \d+/20 ", out), out[-3000:]

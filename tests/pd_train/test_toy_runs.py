@@ -6,12 +6,14 @@ analyze` / `pd-train report` work on its dir (the ground-truth table and the toy
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
+import yaml
 
 from pd_train.analysis.ground_truth import describe_identity_failures
 from pd_train.cli import main
@@ -368,3 +370,56 @@ def test_a_toy_eval_compiles_each_of_its_programs_once() -> None:
     assert "ci_lower" in first
     assert len(first) == len(set(first)), first
     assert second == []
+
+
+def _train_records(run_dir: Path) -> list[dict[str, Any]]:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time"} for r in records if r["phase"] == "train"]
+
+
+def test_a_toy_run_whose_config_differs_in_values_only_loads_its_programs_from_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three toy runs sharing ``compile_cache.dir``: the first compiles its K-step program (a
+    miss); the second, with another learning rate, importance coefficient and seed (values:
+    the program takes them as data), loads it (a hit) and trains differently; the third, the
+    first's config again, loads it and logs the first's losses exactly."""
+    cache = ["--set", f"compile_cache.dir={tmp_path / 'cache'}"]
+    other = ["--set", "pd.components.lr=0.02", "--set", "pd.loss_metrics[0].coeff=1e-2"]
+    other += ["--set", "seed=3"]
+    step_compiles = []
+    for name, sets in (("first", []), ("other", other), ("again", [])):
+        argv = ["run", "builtin:tms_5_2_fast", *SETS, *cache, *sets]
+        assert main([*argv, "--run-dir", str(tmp_path / name)]) == 0
+        err = capsys.readouterr().err
+        step_compiles.append(re.findall(r"compiled train_step in [\d.]+ s \((.+?)\)", err))
+    assert step_compiles == [["cache miss"], ["cache hit"], ["cache hit"]]
+    assert list((tmp_path / "cache").iterdir())
+    first, other_run, again = (_train_records(tmp_path / n) for n in ("first", "other", "again"))
+    assert again == first
+    assert [r["step"] for r in other_run] == [r["step"] for r in first]
+    assert other_run[-1]["loss/total"] != first[-1]["loss/total"]
+    config = yaml.safe_load((tmp_path / "other" / "config.yaml").read_text())
+    assert config["compile_cache"] == {"enabled": True, "dir": str(tmp_path / "cache")}
+
+
+def test_a_toy_run_without_its_compile_cache_compiles_and_leaves_the_process_s_cache_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compile_cache.enabled=false``: every compile shown as ``no cache`` and nothing
+    written to the cache dir; after a run (with or without its cache) JAX's cache settings are
+    the process's own again."""
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
+    before = {name: jax.config.values[name] for name in names}
+    cache = tmp_path / "cache"
+    off = ["--set", "compile_cache.enabled=false", "--set", f"compile_cache.dir={cache}"]
+    argv = ["run", "builtin:tms_5_2_fast", *SETS, *off, "--run-dir", str(tmp_path / "off")]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"compiled train_step in [\d.]+ s \(no cache\)", err), err
+    assert not cache.exists() or not list(cache.iterdir())
+    assert {name: jax.config.values[name] for name in names} == before
+    on = ["--set", f"compile_cache.dir={cache}"]
+    assert main(["run", "builtin:tms_5_2_fast", *SETS, *on, "--run-dir", str(tmp_path / "on")]) == 0
+    assert list(cache.iterdir())
+    assert {name: jax.config.values[name] for name in names} == before

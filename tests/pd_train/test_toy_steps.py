@@ -134,7 +134,8 @@ def test_toy_programs_compile_without_ynn_fusions_unless_xla_flags_names_the_fla
             trainer=trainer, draw=toy_data(TOY), data_key=key, train_key=key,
             batch_size=PD.batch_size, n_features=5, feature_probability=TOY.feature_probability,
         )  # fmt: skip
-        return str(programs.program(2).lower(state, weights).compile().as_text())
+        values = programs.values()
+        return str(programs.program(2).lower(state, weights, values).compile().as_text())
 
     assert "%ynn_fusion" not in compiled_text()
     monkeypatch.setenv("XLA_FLAGS", f"{flags} --{YNN_FUSIONS_FLAG}=reduce")

@@ -13,6 +13,9 @@ again)::
     save_every: 0           # steps between checkpoints (0: at the end, and at a stop, only)
     devices: 1              # the steps data-parallel over this many devices (CPU: with
                             # --simulate-devices N; docs/toys.md "Both cores")
+    compile_cache: {enabled: true, dir: null}   # JAX's persistent compile cache (null:
+                            # outputs/.compile_cache in the working directory): a second
+                            # run of the same shapes loads its programs instead of compiling
 
 ``target`` describes the shipped weights and must agree with them (it is checked, not applied).
 ``pd`` is the toy's recipe (:class:`~pd_train.config.pd.PDConfig`, the same fields as a Llama run's
@@ -29,9 +32,10 @@ DIR`` continues one), ``summary.txt``/``summary.json`` and the PNG plots under `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -54,7 +58,13 @@ _TOP_KEYS = (
     "eval_every",
     "save_every",
     "devices",
+    "compile_cache",
 )
+#: ``compile_cache``'s fields: a Llama config's ``runtime.compile_cache`` names, same meanings.
+_CACHE_KEYS = ("enabled", "dir")
+#: Where a toy run's compile cache is when ``compile_cache.dir`` is null: beside the toy run
+#: dirs made by default (``outputs/<toy>-<date>``), under the working directory.
+DEFAULT_TOY_CACHE = Path("outputs") / ".compile_cache"
 _TARGET_TYPES = ("tms", "resid_mlp")
 
 
@@ -98,6 +108,7 @@ def _defaults(name: str) -> dict[str, Any]:
         "eval_every": 0,
         "save_every": 0,
         "devices": 1,
+        "compile_cache": {"enabled": True, "dir": None},
     }
 
 
@@ -175,6 +186,7 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
             if _positive(raw[key]) and raw[key] % k:
                 msg = f"got {raw[key]}; must be a multiple of steps_per_call ({k})"
                 problems.append((key, msg))
+    problems += _cache_problems(raw["compile_cache"])
     if not isinstance(raw["pd"], dict):
         problems.append(("pd", f"got {raw['pd']!r}; must be a mapping (a PDConfig)"))
     target, shipped = raw["target"], _defaults(name)["target"]
@@ -211,6 +223,61 @@ def load_toy_config(value: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     return raw
 
 
+def _cache_problems(cache: Any) -> list[tuple[str, str]]:
+    if not isinstance(cache, dict):
+        return [("compile_cache", f"got {cache!r}; must be a mapping ({', '.join(_CACHE_KEYS)})")]
+    problems = [
+        (f"compile_cache.{key}", f"unknown field; have {', '.join(_CACHE_KEYS)}")
+        for key in cache
+        if key not in _CACHE_KEYS
+    ]
+    if not isinstance(cache.get("enabled"), bool):
+        problems.append(("compile_cache.enabled", f"got {cache.get('enabled')!r}; must be a bool"))
+    where = cache.get("dir")
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        msg = f"got {where!r}; must be a directory (a non-empty string) or null (the default)"
+        problems.append(("compile_cache.dir", msg))
+    return problems
+
+
+def toy_cache_directory(raw: dict[str, Any]) -> Path | None:
+    """The resolved toy config's compile cache directory (absolute; relative paths from the
+    working directory): ``compile_cache.dir``, else :data:`DEFAULT_TOY_CACHE`; None when
+    ``compile_cache.enabled`` is false."""
+    cache = raw["compile_cache"]
+    if not cache["enabled"]:
+        return None
+    directory = Path(cache["dir"]).expanduser() if cache["dir"] else DEFAULT_TOY_CACHE
+    return directory if directory.is_absolute() else Path.cwd() / directory
+
+
+@contextlib.contextmanager
+def _compile_cache(directory: Path | None) -> Iterator[None]:
+    """JAX's persistent compile cache in ``directory`` (off with None) while the toy runs; the
+    process's previous cache settings after (a sweep's or a test's later programs are not
+    written into this run's cache)."""
+    import jax
+
+    from pd_train.process_env import configure_compile_cache
+
+    names = (
+        "jax_enable_compilation_cache",
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    previous = {name: jax.config.values[name] for name in names}
+    configure_compile_cache(directory)
+    try:
+        yield
+    finally:
+        from jax._src import compilation_cache
+
+        for name, value in previous.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"loss": {"a": x}}`` → ``{"loss/a": float(x)}`` (arrays as lists)."""
     import numpy as np
@@ -236,7 +303,7 @@ class _ToyCompiles:
     named as a Llama run names them (``init_params``, ``opt_init``, ``train_step``: the K-step
     program), announced through ``announce`` (:class:`pd_train.outputs.CompileLines`); of the
     others (the eval's eager ops, each compiled once) only those taking 0.5 s or more, when
-    done. Without a persistent compile cache every compile is shown as ``no cache``."""
+    done. With ``compile_cache.enabled: false`` every compile is shown as ``no cache``."""
 
     NAMES: ClassVar[dict[str, str]] = {
         "stacked": "init_params",
@@ -357,7 +424,11 @@ def run_toy_cli(
         (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     terminal = Terminal()
     try:
-        with terminal.capture_stderr(), terminal.logging_to_terminal():
+        with (
+            terminal.capture_stderr(),
+            terminal.logging_to_terminal(),
+            _compile_cache(toy_cache_directory(raw)),
+        ):
             return _run_toy(raw, pd, run_dir, max_steps, resume, terminal)
     finally:
         terminal.close()

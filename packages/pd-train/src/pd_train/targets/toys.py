@@ -353,24 +353,28 @@ class KStepPrograms:
     cache: dict[int, Any] = attrs.field(factory=dict)
 
     def program(self, k: int) -> Any:
-        """jit ``(state, target) -> (state, metrics stacked [k, ...])``: k steps, step i drawing
-        batch ``fold_in(data_key, i)`` and key ``step_key(train_key, i)`` (i = state.step);
-        compiled with :func:`toy_compiler_options` under the trainer's own options."""
+        """jit ``(state, target, values) -> (state, metrics stacked [k, ...])``: k steps, step
+        i drawing batch ``fold_in(data_key, i)`` and key ``step_key(train_key, i)`` (i =
+        state.step); ``values``: :meth:`values`, the keys and the scalar hyperparameters as
+        data (a config that differs only in them, or in the seed, runs the same program: from
+        the compile cache); compiled with :func:`toy_compiler_options` under the trainer's own
+        options."""
         if k not in self.cache:
             step = pure_step(self.trainer)
 
-            def run(state: TrainState, target: Any) -> tuple[TrainState, Any]:
+            def run(state: TrainState, target: Any, values: Any) -> tuple[TrainState, Any]:
                 def body(state: TrainState, _: None) -> tuple[TrainState, Any]:
                     i = state.step
                     x = self.draw(
-                        key=jax.random.fold_in(self.data_key, i),
+                        key=jax.random.fold_in(values["data_key"], i),
                         batch_size=self.batch_size,
                         n_features=self.n_features,
                         feature_probability=self.feature_probability,
                     )
                     if self.mesh is not None:
                         x = jax.lax.with_sharding_constraint(x, self._batch_sharding())
-                    return step(state, target, x, step_key(self.train_key, i))
+                    key = step_key(values["train_key"], i)
+                    return step(state, target, x, key, values["hp"])
 
                 return jax.lax.scan(body, state, None, length=k)
 
@@ -383,16 +387,23 @@ class KStepPrograms:
                     run,
                     donate_argnums=0,
                     compiler_options=options or None,
-                    in_shardings=(rep, rep),
+                    in_shardings=(rep, rep, rep),
                     out_shardings=rep,
                 )
 
-                def call(state: TrainState, target: Any, jitted: Any = jitted) -> Any:
+                def call(state: TrainState, target: Any, values: Any, jitted: Any = jitted) -> Any:
                     with jax.set_mesh(self.mesh):
-                        return jitted(state, target)
+                        return jitted(state, target, values)
 
                 self.cache[k] = call
         return self.cache[k]
+
+    def values(self) -> dict[str, Any]:
+        """What :meth:`program` takes as data, placed as the programs take it: the two keys and
+        the trainer's scalar hyperparameters (``hp``:
+        :meth:`~pd_train.train.Trainer.hyperparam_arrays`)."""
+        values = {"data_key": self.data_key, "train_key": self.train_key}
+        return self.place({**values, "hp": self.trainer.hyperparam_arrays()})
 
     def _batch_sharding(self) -> Any:
         return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(TOY_DATA_AXIS))
@@ -543,10 +554,11 @@ def decompose(
         state, _ = trainer.faithfulness_warmup(state, target_params, on_step=on_warmup)
     n_steps = pd.steps if max_steps is None else min(max_steps, pd.steps)
     state, placed_target = programs.place((state, target_params))
+    values = programs.values()
 
     def step_fn(state: TrainState, step: int, n: int = 1) -> tuple[TrainState, Any]:
         del step  # the programs read it from the state
-        return programs.program(n)(state, placed_target)  # type: ignore[no-any-return]
+        return programs.program(n)(state, placed_target, values)  # type: ignore[no-any-return]
 
     loop_hooks: list[Hook] = [_InFlight()]
     if on_step is not None:
