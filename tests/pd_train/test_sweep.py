@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -175,11 +176,16 @@ def test_a_toy_sweep_runs_each_point_and_tabulates_the_reference_verdict(
     tmp_path: Path, capfd
 ) -> None:
     """Two seeds of a shortened tms_5_2_fast: each point runs its own resolved toy config in
-    its prepared run dir, and the summary shows each run's verdict as its summary.json has it."""
+    its prepared run dir, the second loading the first's K-step program from the toy runs'
+    compile cache (the seed is data), and the summary shows each run's verdict as its
+    summary.json has it."""
     sweep_dir = tmp_path / "sweep"
     argv = ["sweep", "builtin:tms_5_2_fast", "--set", "pd.steps=200", "--set-grid", "seed=[0,1]"]
+    argv += ["--set", f"compile_cache.dir={tmp_path / 'cache'}"]
     assert main([*argv, "--sweep-dir", str(sweep_dir)]) == 0
-    out, _ = capfd.readouterr()
+    out, err = capfd.readouterr()
+    step_compiles = re.findall(r"compiled train_step in [\d.]+ s \((.+?)\)", err)
+    assert step_compiles == ["cache miss", "cache hit"], err[-3000:]
     rows = [line for line in out.splitlines() if line.startswith("| point-")]
     header = next(line for line in out.splitlines() if line.startswith("| point |"))
     columns = [cell.strip() for cell in header.split("|")]
