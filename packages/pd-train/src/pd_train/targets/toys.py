@@ -141,10 +141,10 @@ def one_hot_ci(
     ``magnitude`` < 1 (the reference's 0.75): at the largest feature value a TMS target's
     interference from a neighbouring feature can survive the output ReLU, and then the
     neighbour's component is truly needed on that input."""
-    return inputs_ci(trainer, params, target_params, one_hot(n_features, magnitude))
+    return inputs_ci(trainer, params, target_params, _one_hot_inputs(n_features, magnitude))
 
 
-def one_hot(n_features: int, magnitude: float = 0.75) -> jax.Array:
+def _one_hot_inputs(n_features: int, magnitude: float = 0.75) -> jax.Array:
     """[F, 1, F]: the inputs magnitude·e_0 .. e_{F-1}."""
     return magnitude * jnp.eye(n_features, dtype=jnp.float32)[:, None, :]
 
@@ -155,7 +155,7 @@ def one_hot_site_outputs(
     """``{site name: [n_features, d_out]}``: each decomposed matrix's output in the target
     itself (``x @ W``, x the site's input) on the inputs magnitude·e_0 .. e_{F-1} (a negative
     magnitude gives the features' negative values)."""
-    x = one_hot(n_features, magnitude)
+    x = _one_hot_inputs(n_features, magnitude)
     run = _SITE_OUTPUTS.get(trainer)
     if run is None:  # the program holds what it reads of the trainer, not the trainer
         spec, decomposition = trainer.forward_spec, trainer.decomposition
@@ -1282,7 +1282,9 @@ def ground_truth_metrics(
     ``linear1``, with their std over features). Returns them and the one-hot CI per site."""
     # One program for both input sets (its compile announced once, not once per shape).
     n = toy.target.n_features
-    both = inputs_ci(trainer, params, weights, jnp.concatenate([one_hot(n), alive_window(toy)]))
+    both = inputs_ci(
+        trainer, params, weights, jnp.concatenate([_one_hot_inputs(n), alive_window(toy)])
+    )
     ci = {site: rows[:n] for site, rows in both.items()}
     window = {site: rows[n:] for site, rows in both.items()}
     out = ground_truth_table(ci, identity=toy.identity, dense=toy.dense, window_ci=window)
