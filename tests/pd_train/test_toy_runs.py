@@ -423,3 +423,17 @@ def test_a_toy_run_without_its_compile_cache_compiles_and_leaves_the_process_s_c
     assert main(["run", "builtin:tms_5_2_fast", *SETS, *on, "--run-dir", str(tmp_path / "on")]) == 0
     assert list(cache.iterdir())
     assert {name: jax.config.values[name] for name in names} == before
+
+
+def test_a_compile_cache_dir_that_cannot_be_a_directory_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compile_cache.dir`` naming a file: exit 2 naming the field and the path, no run dir."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    run_dir = tmp_path / "run"
+    argv = ["run", "builtin:tms_5_2_fast", *SETS, "--set", f"compile_cache.dir={afile}"]
+    assert main([*argv, "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"compile_cache.dir: {str(afile)!r} is a file, not a directory" in err, err
+    assert not run_dir.exists()

@@ -408,6 +408,7 @@ def run_toy_cli(
     saved; ``--resume`` continues)."""
     import yaml
 
+    from pd_train._output_paths import directory_problem
     from pd_train.config.io import ConfigError
     from pd_train.outputs import Terminal
 
@@ -419,6 +420,9 @@ def run_toy_cli(
             raise ConfigError([("--resume", f"{run_dir} has no checkpoints to resume from")])
     elif (problem := _start_problem(run_dir, raw)) is not None:
         raise ConfigError([("--run-dir", problem)])
+    cache_dir = toy_cache_directory(raw)
+    if cache_dir is not None and (problem := directory_problem(cache_dir)) is not None:
+        raise ConfigError([("compile_cache.dir", problem)])
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -427,7 +431,7 @@ def run_toy_cli(
         with (
             terminal.capture_stderr(),
             terminal.logging_to_terminal(),
-            _compile_cache(toy_cache_directory(raw)),
+            _compile_cache(cache_dir),
         ):
             return _run_toy(raw, pd, run_dir, max_steps, resume, terminal)
     finally:
